@@ -1,0 +1,49 @@
+# The two commands a reader needs: `make book` and `make test`. Everything installs into .venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch for a machine without an NVIDIA GPU. On this project's CI machines pip finds the CPU
+# build of 2.13.0 locally; elsewhere add the PyTorch CPU wheel index through PIP_EXTRA_INDEX_URL.
+TORCH_CPU ?= torch==2.13.0
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: setup test lint book lab bench clean help
+
+help:
+	@echo "make test   install everything into $(VENV), then run ruff and the test suite"
+	@echo "make book   render the book (not written yet: see README)"
+	@echo "make bench  run the generation benchmark (minillm vs transformers, cache vs recompute)"
+	@echo "make lab    open JupyterLab"
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if ! $(PY) -c "import torch" 2>/dev/null; then \
+	  if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install torch; \
+	  else $(PIP) install "$(TORCH_CPU)"; fi; \
+	fi
+	$(PIP) install -r requirements-dev.txt
+	$(PIP) install --no-deps -e .
+	touch $@
+
+setup: $(VENV)/.installed
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check minillm kernels tests scripts
+
+test: lint
+	$(PY) -m pytest -n $(NPROC) --dist loadgroup -q
+
+bench: setup
+	$(PY) -m minillm bench generate
+
+book:
+	@echo "The book is not written yet (see the open issues). 'make test' checks the library."
+
+lab: setup
+	$(VENV)/bin/jupyter lab || echo "JupyterLab arrives with the book; pip install jupyterlab to use it now."
+
+clean:
+	rm -rf $(VENV) _build .pytest_cache .ruff_cache

@@ -1,0 +1,37 @@
+"""minillm: LLM inference optimization from scratch, one concept per module.
+
+model, tokenizer = minillm.load("minillm-target")
+ids = tokenizer.encode("def fibonacci(n):")
+result = minillm.generate(model, ids, max_new_tokens=64)
+print(tokenizer.decode(result.tokens[0]))
+"""
+
+from .cache import CacheFullError, KVCache
+from .checkpoints import CheckpointError, bundled_models, load, save_pretrained
+from .config import PRESETS, ModelConfig, RopeScaling, preset
+from .generate import GenerationResult, generate
+from .model import Transformer, random_model
+from .sampling import SamplingParams, sample
+from .tokenizer import Tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRESETS",
+    "CacheFullError",
+    "CheckpointError",
+    "GenerationResult",
+    "KVCache",
+    "ModelConfig",
+    "RopeScaling",
+    "SamplingParams",
+    "Tokenizer",
+    "Transformer",
+    "bundled_models",
+    "generate",
+    "load",
+    "preset",
+    "random_model",
+    "sample",
+    "save_pretrained",
+]

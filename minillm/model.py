@@ -1,0 +1,303 @@
+"""A Llama-family decoder-only transformer, written to be read.
+
+It follows Llama (Touvron et al., 2023): pre-norm blocks with RMSNorm (Zhang & Sennrich, 2019),
+rotary position embeddings (Su et al., 2021) with Llama 3's frequency scaling, grouped-query
+attention (Ainslie et al., 2023) of which MHA and MQA are the two ends, and a SwiGLU MLP
+(Shazeer, 2020). Mistral and Qwen2 differ only in options (sliding window, q/k/v bias).
+
+Module and parameter names match Hugging Face's ``LlamaForCausalLM`` (without the ``model.``
+prefix), so a checkpoint's tensors map one to one onto ``state_dict()``.
+
+Positions are explicit: every query and every cached key carries its position, and the
+attention mask is derived from them (causal: key position <= query position; a padding slot
+has position -1 and is never attended to). That one rule serves plain prefill, decoding with a
+cache, left-padded batches and sliding windows alike.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig, preset
+
+ATTENTION_BACKENDS = ("sdpa", "reference")
+
+
+class Cache(Protocol):
+    """What the model needs from a KV cache (see ``minillm.cache`` for the kinds)."""
+
+    length: int
+
+    def reserve(self, positions: Tensor) -> Tensor: ...  # (B, T) new positions -> (B, S) all key positions
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> Tensor:
+    """Rotation frequency of each pair of head dimensions, after any context-extension scaling."""
+    hd, s = config.head_dim, config.rope_scaling
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    if s.rope_type == "linear":
+        return (inv_freq / s.factor).float()
+    if s.rope_type == "llama3":
+        # Llama 3.1: long wavelengths (low frequencies) are stretched by `factor`, short ones kept,
+        # and the band in between interpolates smoothly between the two.
+        wavelen = 2 * math.pi / inv_freq
+        ratio = s.original_max_position_embeddings / wavelen  # how many periods fit the old context
+        smooth = ((ratio - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)).clamp(0, 1)
+        inv_freq = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    return inv_freq.float()
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin tables for integer positions (B, T) -> two (B, 1, T, head_dim) tensors."""
+    angles = positions.clamp(min=0).float()[..., None] * inv_freq  # (B, T, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (B, T, hd): the rotate-half layout
+    return angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None]
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate each (i, i + hd/2) pair of x (B, H, T, hd) by its position's angle."""
+    return x * cos + rotate_half(x) * sin
+
+
+def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
+    """Which keys each query may see: (B, T) and (B, S) positions -> bool (B, 1, T, S).
+
+    A key is visible when it is not padding (position >= 0), not in the future, and, with a
+    sliding window, fewer than ``window`` positions back. A query with no visible key (a
+    padding query) is allowed to see everything, so its softmax stays finite; it is never used.
+    """
+    qp, kp = q_pos[:, :, None], k_pos[:, None, :]
+    mask = (kp >= 0) & (kp <= qp)
+    if window is not None:
+        mask &= qp - kp < window
+    mask |= ~mask.any(dim=-1, keepdim=True)
+    return mask[:, None]
+
+
+def attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+    """Plain scaled dot-product attention, the N x N score matrix in full.
+
+    q (B, H, T, hd); k, v (B, Hkv, S, hd) with H a multiple of Hkv (GQA); mask bool (B, 1, T, S).
+    """
+    n_rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)
+    v = v.repeat_interleave(n_rep, dim=1)
+    scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    if causal:
+        T, S = scores.shape[-2:]
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(dim=-1).to(q.dtype) @ v).to(q.dtype)
+
+
+def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+    """The same computation through PyTorch's fused kernels (flash / memory-efficient / math)."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
+    )
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        d, hd = config.dim, config.head_dim
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=config.o_bias)
+        self.backend = "sdpa"
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        cache: Cache | None = None,
+    ) -> Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, hd): every key so far
+        attend = attention_sdpa if self.backend == "sdpa" else attention_reference
+        y = attend(q, k, v, mask, causal)  # (B, H, T, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d, f, b = config.dim, config.ffn_dim, config.mlp_bias
+        self.gate_proj = nn.Linear(d, f, bias=b)
+        self.up_proj = nn.Linear(d, f, bias=b)
+        self.down_proj = nn.Linear(f, d, bias=b)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        cache: Cache | None = None,
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, causal, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def set_attention_backend(self, backend: str) -> Transformer:
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
+        for layer in self.layers:
+            layer.self_attn.backend = backend
+        return self
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor | None = None,
+        cache: Cache | None = None,
+        last_only: bool = False,
+    ) -> Tensor:
+        """Logits (B, T, vocab) for input_ids (B, T); (B, 1, vocab) with ``last_only``.
+
+        ``positions`` (B, T) gives each token's position, -1 for left padding; by default the
+        tokens continue the cache (or start at 0). With a cache, the new keys and values are
+        written into it and the queries attend to everything cached so far.
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence of {start + T} tokens exceeds the context length "
+                f"max_seq_len={self.config.max_seq_len}"
+            )
+        implicit = positions is None
+        if implicit:
+            positions = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
+        k_pos = cache.reserve(positions) if cache is not None else positions
+        window = self.config.sliding_window
+        mask, causal = None, False
+        if implicit and window is None and (T == 1 or start == 0):
+            causal = T > 1  # contiguous tokens from 0, or one token that sees the whole cache
+        else:
+            mask = attention_mask(positions, k_pos, window)
+
+        x = self.embed_tokens(input_ids)  # (B, T, D)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, causal, cache)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x))
+
+    def init_weights(self, seed: int | None = None, std: float = 0.02) -> Transformer:
+        """Random initialization as in GPT-2: N(0, std), residual projections scaled by depth."""
+        gen = torch.Generator(device=self.device)
+        if seed is not None:
+            gen.manual_seed(seed)
+        residual_std = std / math.sqrt(2 * self.config.n_layers)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith("bias"):
+                    p.zero_()
+                else:
+                    s = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+                    p.normal_(0.0, s, generator=gen)
+        return self
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def random_model(
+    config: ModelConfig | str,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+) -> Transformer:
+    """A model with random weights, e.g. ``random_model("Llama-3-8B", "cuda", torch.bfloat16)``.
+
+    Speed does not depend on the weights' values, so true-size random models serve speed
+    experiments. The parameters are allocated directly on ``device`` in ``dtype``.
+    """
+    cfg = preset(config) if isinstance(config, str) else config
+    device = torch.device(device or "cpu")
+    dtype = dtype or torch.float32
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    model.inv_freq = rope_inv_freq(cfg).to(device)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    if device.type != "meta":  # a meta model has shapes only: handy for counting and planning
+        model.init_weights(seed)
+    return model.eval()

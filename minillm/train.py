@@ -1,0 +1,217 @@
+"""Training the bundled models: a byte-level BPE tokenizer and two Llama-shaped decoders.
+
+``python -m minillm train tokenizer`` and ``python -m minillm train model --size target|draft``
+reproduce the checkpoints under ``minillm/bundled``: fixed seeds, a fixed number of steps, the
+committed corpus. Plain next-token prediction with AdamW, linear warmup and cosine decay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+from tqdm.auto import tqdm
+
+from . import corpus
+from .checkpoints import BUNDLED_DIR, save_pretrained
+from .config import ModelConfig
+from .model import Transformer
+from .tokenizer import Tokenizer
+
+TOKENIZER_DIR = BUNDLED_DIR.parent / "data" / "tokenizer"
+VOCAB_SIZE = 4096
+
+
+def train_tokenizer(vocab_size: int = VOCAB_SIZE, out_dir: Path = TOKENIZER_DIR) -> Tokenizer:
+    """Byte-level BPE on the training split. ``<|endoftext|>`` separates documents, and the
+    tokenizer puts it in front of every encoded text, as the start of a document."""
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[corpus.EOT],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus.documents("train"), trainer)
+    eot = tok.token_to_id(corpus.EOT)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{corpus.EOT} $A", pair=f"{corpus.EOT} $A {corpus.EOT} $B", special_tokens=[(corpus.EOT, eot)]
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wrapped = Tokenizer(tok, bos_token=corpus.EOT, eos_token=corpus.EOT)
+    wrapped.save(out_dir)
+    return wrapped
+
+
+def load_tokenizer() -> Tokenizer:
+    return Tokenizer.from_dir(TOKENIZER_DIR)
+
+
+def encode_split(tokenizer: Tokenizer, split: str) -> torch.Tensor:
+    """The whole split as one stream of ids, each document preceded by <|endoftext|>."""
+    ids: list[int] = []
+    for doc in corpus.documents(split):
+        ids.extend(tokenizer.encode(doc))
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 2000
+    batch_size: int = 32
+    seq_len: int = 256
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    seed: int = 0
+
+
+BUNDLED_SHAPES = {
+    # ~6M parameters: MHA, so that chapter 5 can convert it to GQA/MQA and measure the cost.
+    "target": ModelConfig(
+        name="minillm-target",
+        vocab_size=VOCAB_SIZE,
+        dim=256,
+        n_layers=6,
+        n_heads=8,
+        ffn_dim=704,
+        max_seq_len=1024,
+        tie_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    ),
+    # ~10x fewer parameters, the same tokenizer: the draft model of chapters 7-9.
+    "draft": ModelConfig(
+        name="minillm-draft",
+        vocab_size=VOCAB_SIZE,
+        dim=96,
+        n_layers=2,
+        n_heads=4,
+        ffn_dim=256,
+        max_seq_len=1024,
+        tie_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    ),
+}
+BUNDLED_TRAINING = {
+    "target": TrainConfig(steps=640, batch_size=24, seq_len=256, lr=2e-3, eval_every=80),
+    "draft": TrainConfig(steps=1200, batch_size=24, seq_len=256, lr=4e-3, eval_every=150),
+}
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    progress = (step - tc.warmup) / max(1, tc.steps - tc.warmup)
+    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate(model: Transformer, ids: torch.Tensor, seq_len: int, batch_size: int = 16) -> float:
+    """Mean next-token cross-entropy (nats) over non-overlapping windows of ``ids``."""
+    model.eval()
+    n = (len(ids) - 1) // seq_len
+    x = ids[: n * seq_len].view(n, seq_len)
+    y = ids[1 : n * seq_len + 1].view(n, seq_len)
+    total = 0.0
+    for i in range(0, n, batch_size):
+        logits = model(x[i : i + batch_size])
+        total += F.cross_entropy(
+            logits.flatten(0, 1).float(), y[i : i + batch_size].flatten(), reduction="sum"
+        ).item()
+    model.train()
+    return total / (n * seq_len)
+
+
+def train_model(
+    config: ModelConfig,
+    tc: TrainConfig,
+    train_ids: torch.Tensor,
+    valid_ids: torch.Tensor,
+    progress: bool = True,
+) -> tuple[Transformer, dict]:
+    """Train from scratch on random windows of ``train_ids``; return the model and a log."""
+    torch.manual_seed(tc.seed)
+    model = Transformer(config).init_weights(seed=tc.seed).train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=(0.9, 0.95),
+    )
+    gen = torch.Generator().manual_seed(tc.seed)
+    log: dict = {"train_loss": [], "valid_loss": []}
+    t0 = time.perf_counter()
+    bar = tqdm(range(tc.steps), disable=not progress, desc=config.name, unit="step")
+    for step in bar:
+        starts = torch.randint(0, len(train_ids) - tc.seq_len - 1, (tc.batch_size,), generator=gen)
+        x = torch.stack([train_ids[s : s + tc.seq_len] for s in starts.tolist()])
+        y = torch.stack([train_ids[s + 1 : s + tc.seq_len + 1] for s in starts.tolist()])
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, tc)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        log["train_loss"].append(round(loss.item(), 4))
+        if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
+            val = evaluate(model, valid_ids, tc.seq_len)
+            log["valid_loss"].append([step + 1, round(val, 4)])
+            bar.set_postfix(loss=f"{loss.item():.3f}", valid=f"{val:.3f}")
+    log["seconds"] = round(time.perf_counter() - t0, 1)
+    return model.eval(), log
+
+
+def hardware_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def train_bundled(
+    size: str, out_dir: Path | None = None, steps: int | None = None, progress: bool = True
+) -> Path:
+    """Train one of the bundled models ("target" or "draft") and save it in HF layout."""
+    if size not in BUNDLED_SHAPES:
+        raise ValueError(f"size must be one of {sorted(BUNDLED_SHAPES)}, got {size!r}")
+    config, tc = BUNDLED_SHAPES[size], BUNDLED_TRAINING[size]
+    if steps is not None:
+        tc = TrainConfig(**{**asdict(tc), "steps": steps, "eval_every": min(tc.eval_every, steps)})
+    tokenizer = load_tokenizer()
+    train_ids, valid_ids = encode_split(tokenizer, "train"), encode_split(tokenizer, "valid")
+    model, log = train_model(config, tc, train_ids, valid_ids, progress=progress)
+    out_dir = Path(out_dir) if out_dir else BUNDLED_DIR / config.name
+    record = {
+        "model": config.name,
+        "parameters": model.num_params(),
+        "train_config": asdict(tc),
+        "train_tokens": len(train_ids),
+        "valid_tokens": len(valid_ids),
+        "hardware": hardware_line(),
+        "final_valid_loss": log["valid_loss"][-1][1],
+        **log,
+    }
+    save_pretrained(model, out_dir, tokenizer, {"training_log.json": json.dumps(record) + "\n"})
+    return out_dir
