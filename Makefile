@@ -31,7 +31,7 @@ setup: $(VENV)/.installed
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff format --check minillm kernels tests
 
 test: lint
 	$(PY) -m pytest -n $(NPROC) --dist loadgroup -q

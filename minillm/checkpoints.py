@@ -55,9 +55,7 @@ def _rope_from_hf(cfg: dict) -> tuple[float, RopeScaling]:
     merged = {**scaling, **params}
     rope_type = merged.pop("rope_type", merged.pop("type", "default"))
     if rope_type not in ("default", "linear", "llama3"):
-        raise CheckpointError(
-            f"unsupported RoPE scaling type {rope_type!r} (supported: default, linear, llama3)"
-        )
+        raise CheckpointError(f"unsupported RoPE scaling type {rope_type!r} (supported: default, linear, llama3)")
     if rope_type == "default":
         return float(theta), RopeScaling()
     known = {
@@ -77,14 +75,11 @@ def config_from_hf(cfg: dict, name: str = "custom") -> ModelConfig:
         arch = next((a for a, t in SUPPORTED_ARCHITECTURES.items() if t == model_type), None)
     if arch is None:
         raise CheckpointError(
-            f"unsupported architecture {archs or model_type!r}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"unsupported architecture {archs or model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     family = SUPPORTED_ARCHITECTURES[arch]
     if cfg.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(
-            f"unsupported activation {cfg['hidden_act']!r}; only silu (SwiGLU) is supported"
-        )
+        raise CheckpointError(f"unsupported activation {cfg['hidden_act']!r}; only silu (SwiGLU) is supported")
     theta, scaling = _rope_from_hf(cfg)
     window = cfg.get("sliding_window")
     if family == "qwen2":
@@ -152,9 +147,7 @@ def config_to_hf(config: ModelConfig) -> dict:
         "tie_word_embeddings": config.tie_embeddings,
         "hidden_act": "silu",
         "bos_token_id": config.bos_token_id,
-        "eos_token_id": list(config.eos_token_id)
-        if isinstance(config.eos_token_id, tuple)
-        else config.eos_token_id,
+        "eos_token_id": list(config.eos_token_id) if isinstance(config.eos_token_id, tuple) else config.eos_token_id,
         "torch_dtype": "float32",
     }
 
@@ -189,8 +182,7 @@ def _download(hub_id: str) -> Path:
         from huggingface_hub import snapshot_download
     except ImportError as e:
         raise CheckpointError(
-            f"loading hub id {hub_id!r} needs huggingface_hub (pip install huggingface_hub); "
-            f"or {offline_hint}"
+            f"loading hub id {hub_id!r} needs huggingface_hub (pip install huggingface_hub); or {offline_hint}"
         ) from e
     patterns = [
         "config.json",
@@ -255,21 +247,17 @@ def load_state_dict(
                 t = f.get_tensor(key)
                 if t.shape != expected[name]:
                     raise CheckpointError(
-                        f"shape mismatch for tensor {key!r}: expected "
-                        f"{tuple(expected[name])}, got {tuple(t.shape)}"
+                        f"shape mismatch for tensor {key!r}: expected {tuple(expected[name])}, got {tuple(t.shape)}"
                     )
                 tensors[name] = t.to(device=device, dtype=dtype)
     missing = sorted(set(expected) - set(tensors))
     if missing or unexpected:
         parts = []
         if missing:
-            parts.append(
-                f"missing tensors: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else "")
-            )
+            parts.append(f"missing tensors: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
         if unexpected:
             parts.append(
-                f"unexpected tensors: {', '.join(sorted(unexpected)[:10])}"
-                + (" ..." if len(unexpected) > 10 else "")
+                f"unexpected tensors: {', '.join(sorted(unexpected)[:10])}" + (" ..." if len(unexpected) > 10 else "")
             )
         raise CheckpointError(f"checkpoint in {directory} does not fit its config: " + "; ".join(parts))
     return tensors

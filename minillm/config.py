@@ -64,6 +64,8 @@ class ModelConfig:
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        if self.n_heads <= 0:  # before dim % n_heads below, which would divide by zero
+            raise ValueError(f"n_heads must be positive, got {self.n_heads}")
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.head_dim is None:

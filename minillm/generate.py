@@ -115,7 +115,8 @@ def generate(
     ``input_ids``: a LongTensor (T,) or (B, T), a list of ids, or a list of lists of different
     lengths. Generation stops at ``max_new_tokens`` or when every row has produced an EOS
     (by default the model config's EOS ids; None disables stopping). ``on_token`` is called
-    with each step's tokens (B,), for streaming.
+    with each step's tokens (B,), for streaming; its time counts in the step's
+    timing, as it does for a user watching the stream.
     """
     params = SamplingParams(temperature, top_k, top_p, seed)
     cfg, device = model.config, model.device

@@ -235,8 +235,7 @@ class Transformer(nn.Module):
         start = cache.length if cache is not None else 0
         if start + T > self.config.max_seq_len:
             raise ValueError(
-                f"sequence of {start + T} tokens exceeds the context length "
-                f"max_seq_len={self.config.max_seq_len}"
+                f"sequence of {start + T} tokens exceeds the context length max_seq_len={self.config.max_seq_len}"
             )
         implicit = positions is None
         if implicit:

@@ -79,3 +79,9 @@ class StreamDecoder:
             return ""
         piece, self.printed = text[self.printed :], len(text)
         return piece
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end of the stream (an unfinished character)."""
+        text = self.tokenizer.decode(self.ids)
+        piece, self.printed = text[self.printed :], len(text)
+        return piece

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from tqdm.auto import tqdm
 from . import corpus
 from .checkpoints import BUNDLED_DIR, save_pretrained
 from .config import ModelConfig
+from .hardware import hardware_description
 from .model import Transformer
 from .tokenizer import Tokenizer
 
@@ -130,9 +130,7 @@ def evaluate(model: Transformer, ids: torch.Tensor, seq_len: int, batch_size: in
     total = 0.0
     for i in range(0, n, batch_size):
         logits = model(x[i : i + batch_size])
-        total += F.cross_entropy(
-            logits.flatten(0, 1).float(), y[i : i + batch_size].flatten(), reduction="sum"
-        ).item()
+        total += F.cross_entropy(logits.flatten(0, 1).float(), y[i : i + batch_size].flatten(), reduction="sum").item()
     model.train()
     return total / (n * seq_len)
 
@@ -178,21 +176,7 @@ def train_model(
     return model.eval(), log
 
 
-def hardware_line() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-
-
-def train_bundled(
-    size: str, out_dir: Path | None = None, steps: int | None = None, progress: bool = True
-) -> Path:
+def train_bundled(size: str, out_dir: Path | None = None, steps: int | None = None, progress: bool = True) -> Path:
     """Train one of the bundled models ("target" or "draft") and save it in HF layout."""
     if size not in BUNDLED_SHAPES:
         raise ValueError(f"size must be one of {sorted(BUNDLED_SHAPES)}, got {size!r}")
@@ -209,9 +193,71 @@ def train_bundled(
         "train_config": asdict(tc),
         "train_tokens": len(train_ids),
         "valid_tokens": len(valid_ids),
-        "hardware": hardware_line(),
+        "hardware": hardware_description(),
         "final_valid_loss": log["valid_loss"][-1][1],
         **log,
     }
     save_pretrained(model, out_dir, tokenizer, {"training_log.json": json.dumps(record) + "\n"})
     return out_dir
+
+
+@torch.no_grad()
+def greedy_agreement(draft: Transformer, target: Transformer, ids: torch.Tensor, seq_len: int = 256) -> float:
+    """Fraction of positions where two models' argmax next tokens agree, over windows of ``ids``.
+
+    A first estimate of the greedy acceptance rate of speculative decoding with this pair."""
+    n = len(ids) // seq_len
+    x = ids[: n * seq_len].view(n, seq_len)
+    agree = sum((draft(b).argmax(-1) == target(b).argmax(-1)).sum().item() for b in x.split(16))
+    return agree / x.numel()
+
+
+def write_model_card(directory: Path, sample_prompt: str = "def read_config(path):\n") -> str:
+    """README.md for a bundled model, every figure read from its training log or measured here."""
+    from .checkpoints import load
+    from .generate import generate
+
+    directory = Path(directory)
+    log = json.loads((directory / "training_log.json").read_text())
+    model, tok = load(directory, device="cpu")
+    c, tc = model.config, log["train_config"]
+    valid = encode_split(tok, "valid")
+    loss = evaluate(model, valid, tc["seq_len"])
+    lines = [
+        f"# {c.name}",
+        "",
+        f"A {log['parameters'] / 1e6:.2f}M-parameter Llama-architecture model trained from scratch for the "
+        "minillm book. It is small enough to train on a laptop CPU and large enough to generate text that "
+        'looks like its corpus. Load it with `minillm.load("' + c.name + '")` or, as a LlamaForCausalLM, '
+        "with transformers.",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| architecture | {c.n_layers} layers, d_model {c.dim}, {c.n_heads} heads ({c.n_kv_heads} KV heads), "
+        f"SwiGLU {c.ffn_dim}, RoPE theta {c.rope_theta:g}, tied embeddings |",
+        f"| parameters | {log['parameters']:,} |",
+        f"| context | trained on {tc['seq_len']}-token windows; max_seq_len {c.max_seq_len} |",
+        f"| tokenizer | byte-level BPE, {c.vocab_size} tokens, shared by minillm-target and minillm-draft |",
+        "| corpus | CPython 3.11's pydoc reference topics (English prose) and its top-level standard-library "
+        "modules (Python source); see minillm/data/pystdlib |",
+        "| license | PSF License Agreement (the corpus's); see minillm/data/pystdlib/LICENSE.txt |",
+        f"| training | {tc['steps']} steps x {tc['batch_size']} x {tc['seq_len']} tokens "
+        f"({tc['steps'] * tc['batch_size'] * tc['seq_len'] / 1e6:.1f}M tokens, "
+        f"{tc['steps'] * tc['batch_size'] * tc['seq_len'] / log['train_tokens']:.1f} epochs of "
+        f"{log['train_tokens'] / 1e6:.2f}M), AdamW, peak lr {tc['lr']:g}, cosine, seed {tc['seed']} |",
+        f"| training time | {log['seconds'] / 60:.1f} min on {log['hardware']} |",
+        f"| validation loss | {loss:.3f} nats/token (perplexity {math.exp(loss):.1f}) on "
+        f"{log['valid_tokens']:,} held-out tokens |",
+        "",
+        "Reproduce: `python -m minillm train model --size " + c.name.removeprefix("minillm-") + "`.",
+        "",
+        "## Sample (greedy, 60 tokens)",
+        "",
+        "```python",
+        sample_prompt + tok.decode(generate(model, tok.encode(sample_prompt), 60).tokens[0]),
+        "```",
+        "",
+    ]
+    card = "\n".join(lines)
+    (directory / "README.md").write_text(card)
+    return card

@@ -72,9 +72,7 @@ def test_stream_decoder_never_splits_a_character():
 def test_unsupported_architecture_lists_the_supported_ones(saved):
     _, path = saved
     edit_config(path, architectures=["GPT2LMHeadModel"], model_type="gpt2")
-    with pytest.raises(
-        CheckpointError, match=r"GPT2LMHeadModel.*LlamaForCausalLM.*MistralForCausalLM.*Qwen2"
-    ):
+    with pytest.raises(CheckpointError, match=r"GPT2LMHeadModel.*LlamaForCausalLM.*MistralForCausalLM.*Qwen2"):
         minillm.load(path)
 
 
@@ -88,9 +86,7 @@ def test_missing_tensor_is_named(saved):
 def test_unexpected_tensor_is_named(saved):
     _, path = saved
     edit_weights(path, lambda t: t.update({"model.layers.0.self_attn.extra.weight": torch.zeros(2)}))
-    with pytest.raises(
-        CheckpointError, match=r"unexpected tensors: model\.layers\.0\.self_attn\.extra\.weight"
-    ):
+    with pytest.raises(CheckpointError, match=r"unexpected tensors: model\.layers\.0\.self_attn\.extra\.weight"):
         minillm.load(path)
 
 

@@ -71,9 +71,7 @@ def test_sliding_window_limits_what_a_token_sees():
 
 def test_llama3_rope_scaling_keeps_high_and_stretches_low_frequencies():
     base = tiny_config(dim=256, n_heads=2, rope_theta=500000.0)
-    scaled = base.replace(
-        rope_scaling=RopeScaling("llama3", factor=8.0, original_max_position_embeddings=8192)
-    )
+    scaled = base.replace(rope_scaling=RopeScaling("llama3", factor=8.0, original_max_position_embeddings=8192))
     f0, f1 = rope_inv_freq(base), rope_inv_freq(scaled)
     wavelen = 2 * math.pi / f0
     high = wavelen < 8192 / 4

@@ -1,0 +1,27 @@
+"""Naming the hardware a figure was measured on: every table and plot carries this line."""
+
+from __future__ import annotations
+
+import platform
+from contextlib import suppress
+from pathlib import Path
+
+import torch
+
+
+def cpu_name() -> str:
+    with suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def hardware_description(device: str | torch.device = "cpu") -> str:
+    """E.g. 'Intel Xeon ... (cpu), 2 threads, torch 2.13.0' or 'NVIDIA L4 (cuda), CUDA 12.4, ...'."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = f"{torch.cuda.get_device_name(device)} (cuda), CUDA {torch.version.cuda}"
+    else:
+        name = f"{cpu_name()} ({device.type})"
+    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"

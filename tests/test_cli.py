@@ -1,0 +1,207 @@
+"""The command line (``python -m minillm``) and the generation benchmarks, on a tiny random model
+saved with its own tiny tokenizer, so that nothing here needs the bundled models."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+import minillm
+from minillm import bench
+from minillm.__main__ import main
+from minillm.tokenizer import Tokenizer
+from tests.conftest import tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+EOT = "<|endoftext|>"
+SENTENCES = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog.",
+             "for i in range(10):\n    print(i)\n"]  # fmt: skip
+
+
+def tiny_tokenizer() -> Tokenizer:
+    """Byte-level BPE trained on three sentences: any text encodes, into a few hundred ids."""
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[EOT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(SENTENCES * 4, trainer)
+    tok.post_processor = processors.TemplateProcessing(single=f"{EOT} $A", special_tokens=[(EOT, 0)])
+    return Tokenizer(tok, bos_token=EOT, eos_token=EOT)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(vocab_size=tokenizer.vocab_size, max_seq_len=256, bos_token_id=0)  # no EOS: never stops
+    return minillm.save_pretrained(model, tmp_path_factory.mktemp("tiny") / "tiny-cli", tokenizer)
+
+
+def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
+    """main(argv) -> (exit status, stdout, stderr), argparse's own exits included."""
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def run_python(code_or_args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *code_or_args], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI
+
+
+def test_help_lists_every_command():
+    proc = run_python(["-m", "minillm", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    for command in ("generate", "bench", "models", "corpus", "train"):
+        assert f"    {command} " in proc.stdout, f"{command} missing from --help:\n{proc.stdout}"
+
+
+def test_transformers_is_not_imported_by_the_package():
+    code = "import sys, minillm, minillm.bench, minillm.__main__; print('transformers' in sys.modules)"
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_generate_streams_text_then_timings(checkpoint, capsys):
+    argv = ["generate", "--model", str(checkpoint), "--prompt", "def add(a, b):", "--max-new-tokens", "8",
+            "--device", "cpu"]  # fmt: skip
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    text, timing = out.rstrip("\n").rsplit("\n", 1)
+    assert text.startswith("def add(a, b):") and len(text) > len("def add(a, b):")
+    for figure in ("TTFT", "TPOT", "tokens/s", "8 new tokens"):
+        assert figure in timing
+
+
+def test_generate_with_sampling_options(checkpoint, capsys):
+    argv = ["generate", "--model", str(checkpoint), "--prompt", "The quick", "--max-new-tokens", "4",
+            "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "1",
+            "--dtype", "bfloat16"]  # fmt: skip
+    first = run_main(argv, capsys)
+    second = run_main(argv, capsys)
+    assert first[0] == 0, first[2]
+    assert "bfloat16" in first[1]
+    assert first[1].splitlines()[0] == second[1].splitlines()[0], "a seed should reproduce the text"
+
+
+def assert_one_line_error(status: int, err: str, *words: str) -> None:
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+
+
+def test_generate_rejects_negative_temperature(checkpoint, capsys):
+    status, out, err = run_main(["generate", "--model", str(checkpoint), "--prompt", "hi", "--temperature", "-1"],
+                                capsys)  # fmt: skip
+    assert_one_line_error(status, err, "temperature")
+    assert out == "", "nothing should be printed before the input is checked"
+
+
+def test_generate_rejects_unknown_model(capsys):
+    status, _, err = run_main(["generate", "--model", "no-such-model", "--prompt", "hi"], capsys)
+    assert_one_line_error(status, err, "no-such-model", "bundled model")
+
+
+def test_generate_rejects_a_prompt_past_the_context(checkpoint, capsys):
+    argv = ["generate", "--model", str(checkpoint), "--prompt", "hi", "--max-new-tokens", "1000"]
+    status, out, err = run_main(argv, capsys)
+    assert_one_line_error(status, err, "max_seq_len")
+    assert out == ""
+
+
+def test_usage_errors_are_one_line_with_status_2(capsys):
+    status, _, err = run_main(["generate", "--prompt", "hi", "--temperature", "abc"], capsys)
+    assert_one_line_error(status, err, "--temperature")
+
+
+def test_models_lists_presets_with_sizes(capsys):
+    status, out, _ = run_main(["models"], capsys)
+    assert status == 0
+    assert "Llama-3-8B" in out and "8.03B" in out
+    assert "SmolLM2-135M" in out and "134.5M" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmarks
+
+
+def test_bench_vs_transformers_on_a_tiny_model(checkpoint):
+    pytest.importorskip("transformers")
+    result = bench.bench_vs_transformers(str(checkpoint), prompt_len=12, new_tokens=6, repeats=2)
+    for key in ("hardware", "dtype", "model", "batch_size", "repeats", "speedup", "decode_speedup"):
+        assert key in result
+    assert (result["model"], result["dtype"], result["batch_size"], result["repeats"]) == ("tiny-cli", "float32", 1, 2)
+    for side in ("minillm", "transformers"):
+        assert result[side]["tokens_per_s"] > 0 and result[side]["decode_tokens_per_s"] > 0
+    assert result["same_greedy_tokens"] is True, f"first mismatch at {result['first_mismatch']}"
+    assert result["prompt_source"].startswith("corpus text")
+    assert "minillm" in bench.format_vs_transformers(result)
+
+
+def test_bench_cache_vs_recompute_on_a_tiny_model(checkpoint):
+    result = bench.bench_cache_vs_recompute(str(checkpoint), prompt_lens=(8, 32), new_tokens=6, repeats=2)
+    assert {"hardware", "dtype", "model", "batch_size", "repeats"} <= set(result)
+    assert [row["prompt_len"] for row in result["rows"]] == [8, 32]
+    for row in result["rows"]:
+        assert row["cache_tokens_per_s"] > 0 and row["recompute_tokens_per_s"] > 0 and row["speedup"] > 0
+        assert row["same_greedy_tokens"] is True
+    assert "recompute" in bench.format_cache_vs_recompute(result)
+
+
+def test_bench_rejects_prompts_past_the_context(checkpoint):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        bench.bench_cache_vs_recompute(str(checkpoint), prompt_lens=(300,), new_tokens=6, repeats=1)
+
+
+def test_missing_transformers_gives_the_install_command(checkpoint, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
+    with pytest.raises(ImportError, match="pip install transformers"):
+        bench.bench_vs_transformers(str(checkpoint), prompt_len=8, new_tokens=4, repeats=1)
+
+
+def test_bench_cli_prints_goals_and_writes_json(checkpoint, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    out_file = tmp_path / "figures" / "generate.json"
+    argv = ["bench", "generate", "--model", str(checkpoint), "--repeats", "1", "--new-tokens", "3",
+            "--prompt-len", "8", "--prompt-lens", "8", "--device", "cpu", "--json", str(out_file)]  # fmt: skip
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    assert "Goals" in out and "NOT MEASURED" in out  # the cache goal is at prompt 512, not measured here
+    figures = json.loads(out_file.read_text())
+    assert set(figures) == {"vs_transformers", "cache_vs_recompute", "goals"}
+    assert [g["status"] in ("MET", "NOT MET") for g in figures["goals"]] == [True, False]
+
+
+def test_bench_cli_checks_prompt_lengths_before_measuring(checkpoint, capsys):
+    argv = ["bench", "generate", "--model", str(checkpoint), "--prompt-lens", "8", "300", "--new-tokens", "4"]
+    status, out, err = run_main(argv, capsys)
+    assert_one_line_error(status, err, "300", "context")
+    assert out == ""
+
+
+def test_check_goals_statuses():
+    vs = {"speedup": 1.6}
+    cache = {"rows": [{"prompt_len": 512, "speedup": 4.0}]}
+    assert [g["status"] for g in bench.check_goals(vs, cache)] == ["MET", "NOT MET"]
+    assert [g["status"] for g in bench.check_goals(None, None)] == ["NOT MEASURED", "NOT MEASURED"]
+
+
+def test_format_table_aligns_columns():
+    rows = [{"name": "a", "tokens/s": 12.345}, {"name": "longer", "tokens/s": 1234.5}]
+    lines = bench.format_table(rows, title="T").splitlines()
+    assert lines[0] == "T"
+    assert lines[1].split() == ["name", "tokens/s"]
+    assert lines[3] == "a          12.35" and lines[4] == "longer   1,234.5"
+    assert len({len(line) for line in lines[1:]}) == 1, "every row should be as wide as the header"
