@@ -27,7 +27,7 @@ from .sampling import SamplingParams, sample
 
 @dataclass
 class GenerationResult:
-    tokens: Tensor  # (B, N) new token ids; a row that stopped early is padded with its EOS id
+    tokens: Tensor  # (B, N) new token ids; a row that stopped early is padded with the first EOS id
     lengths: list[int]  # new tokens of each row, its EOS included
     prompt_lengths: list[int]
     ttft: float  # seconds from the call to the first new token (prefill + first sample)
@@ -73,9 +73,7 @@ def _as_prompts(input_ids) -> list[list[int]]:
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         if input_ids.dim() != 2:
-            raise ValueError(
-                f"input_ids must be (seq_len,) or (batch, seq_len), got {tuple(input_ids.shape)}"
-            )
+            raise ValueError(f"input_ids must be (seq_len,) or (batch, seq_len), got {tuple(input_ids.shape)}")
         return input_ids.tolist()
     if len(input_ids) and isinstance(input_ids[0], int):
         return [list(input_ids)]
@@ -121,7 +119,7 @@ def generate(
     params = SamplingParams(temperature, top_k, top_p, seed)
     cfg, device = model.config, model.device
     prompts = _as_prompts(input_ids)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
