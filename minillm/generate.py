@@ -95,6 +95,35 @@ def recompute_step(model: Transformer, ids: Tensor, positions: Tensor) -> Tensor
     return model(ids, positions, last_only=True)[:, -1]
 
 
+def check_request(prompts: list[list[int]], max_new_tokens: int, config) -> None:
+    """Clear errors for what cannot be generated; nothing is ever silently truncated."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    for p in prompts:
+        if min(p) < 0 or max(p) >= config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {config.vocab_size}); got a prompt with ids "
+                             f"from {min(p)} to {max(p)}")  # fmt: skip
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > config.max_seq_len:
+        raise ValueError(
+            f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the context "
+            f"length max_seq_len={config.max_seq_len}; shorten the prompt or ask for fewer tokens"
+        )
+
+
+def resolve_eos(eos_token_id, config) -> tuple[int, ...]:
+    """The stop ids: "config" takes the model's own, None means never stop early."""
+    if isinstance(eos_token_id, str):
+        if eos_token_id != "config":
+            raise ValueError(f"eos_token_id must be an id, a list of ids, None or 'config', got {eos_token_id!r}")
+        return config.eos_ids
+    if eos_token_id is None:
+        return ()
+    return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+
+
 @torch.inference_mode()
 def generate(
     model: Transformer,
@@ -104,49 +133,29 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
-    eos_token_id: int | Sequence[int] | None = -1,
+    eos_token_id: int | Sequence[int] | None | str = "config",
     use_cache: bool = True,
     on_token: Callable[[Tensor], None] | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after each prompt.
 
     ``input_ids``: a LongTensor (T,) or (B, T), a list of ids, or a list of lists of different
-    lengths. Generation stops at ``max_new_tokens`` or when every row has produced an EOS
-    (by default the model config's EOS ids; None disables stopping). ``on_token`` is called
-    with each step's tokens (B,), for streaming; its time counts in the step's
-    timing, as it does for a user watching the stream.
+    lengths. Generation stops at ``max_new_tokens`` or when every row has produced an EOS: by
+    default the model config's EOS ids; None never stops early. ``on_token`` is called with
+    each step's tokens (B,), for streaming; its time counts in the step's timing, as it does
+    for a user watching the stream.
     """
     params = SamplingParams(temperature, top_k, top_p, seed)
-    cfg, device = model.config, model.device
     prompts = _as_prompts(input_ids)
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    lengths = [len(p) for p in prompts]
-    for p in prompts:
-        if min(p) < 0 or max(p) >= cfg.vocab_size:
-            raise ValueError(
-                f"token ids must be in [0, {cfg.vocab_size}); got a prompt with ids from {min(p)} to {max(p)}"
-            )
-    if max(lengths) + max_new_tokens > cfg.max_seq_len:
-        raise ValueError(
-            f"prompt of {max(lengths)} tokens + max_new_tokens={max_new_tokens} exceeds the "
-            f"context length max_seq_len={cfg.max_seq_len}; shorten the prompt or ask for fewer "
-            "tokens"
-        )
-    if eos_token_id == -1:
-        eos_ids = cfg.eos_ids
-    elif eos_token_id is None:
-        eos_ids = ()
-    else:
-        eos_ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+    check_request(prompts, max_new_tokens, model.config)
+    eos_ids = resolve_eos(eos_token_id, model.config)
     pad_id = eos_ids[0] if eos_ids else 0
-    generator = params.generator(device)
+    device, generator = model.device, params.generator(model.device)
 
+    lengths = [len(p) for p in prompts]
     B, P = len(prompts), max(lengths)
     ids, positions = left_pad(prompts, pad_id, device)
-    padded = any(n != P for n in lengths)
+    padded = any(n != P for n in lengths)  # only then do positions need to be passed explicitly
     eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
     out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -185,12 +194,5 @@ def generate(
             ids = torch.cat([ids, token[:, None]], dim=1)
             logits = recompute_step(model, ids, positions)
 
-    n = step + 1
-    return GenerationResult(
-        tokens=out[:, :n].cpu(),
-        lengths=n_new.tolist(),
-        prompt_lengths=lengths,
-        ttft=ttft,
-        token_times=token_times,
-        total_time=t_prev - t_start,
-    )
+    return GenerationResult(tokens=out[:, : step + 1].cpu(), lengths=n_new.tolist(), prompt_lengths=lengths,
+                            ttft=ttft, token_times=token_times, total_time=t_prev - t_start)  # fmt: skip
