@@ -79,36 +79,15 @@ class TrainConfig:
     seed: int = 0
 
 
+_BUNDLED = dict(vocab_size=VOCAB_SIZE, max_seq_len=1024, tie_embeddings=True, bos_token_id=0, eos_token_id=0)
 BUNDLED_SHAPES = {
     # ~6M parameters: MHA, so that chapter 5 can convert it to GQA/MQA and measure the cost.
-    "target": ModelConfig(
-        name="minillm-target",
-        vocab_size=VOCAB_SIZE,
-        dim=256,
-        n_layers=6,
-        n_heads=8,
-        ffn_dim=704,
-        max_seq_len=1024,
-        tie_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=0,
-    ),
+    "target": ModelConfig(name="minillm-target", dim=256, n_layers=6, n_heads=8, ffn_dim=704, **_BUNDLED),
     # ~10x fewer parameters, the same tokenizer: the draft model of chapters 7-9.
-    "draft": ModelConfig(
-        name="minillm-draft",
-        vocab_size=VOCAB_SIZE,
-        dim=96,
-        n_layers=2,
-        n_heads=4,
-        ffn_dim=256,
-        max_seq_len=1024,
-        tie_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=0,
-    ),
+    "draft": ModelConfig(name="minillm-draft", dim=96, n_layers=2, n_heads=4, ffn_dim=256, **_BUNDLED),
 }
 BUNDLED_TRAINING = {
-    "target": TrainConfig(steps=640, batch_size=24, seq_len=256, lr=2e-3, eval_every=80),
+    "target": TrainConfig(steps=850, batch_size=24, seq_len=256, lr=3e-3, warmup=50, eval_every=170),
     "draft": TrainConfig(steps=1200, batch_size=24, seq_len=256, lr=4e-3, eval_every=150),
 }
 
