@@ -205,6 +205,54 @@ def _download(hub_id: str) -> Path:
 # Weights
 
 
+def fused_parts(config: ModelConfig) -> dict[str, list[tuple[str, int]]]:
+    """minillm's stacked projections -> the Hugging Face matrices they hold, with their rows."""
+    q, kv, f = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim, config.ffn_dim
+    return {
+        "self_attn.qkv_proj": [("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)],
+        "mlp.gate_up_proj": [("mlp.gate_proj", f), ("mlp.up_proj", f)],
+    }
+
+
+def _fused_key(name: str, parts: dict) -> tuple[str, str, str] | None:
+    """'layers.3.mlp.gate_up_proj.weight' -> ('layers.3.', 'mlp.gate_up_proj', 'weight')."""
+    for fused in parts:
+        marker = f".{fused}."
+        if marker in name:
+            prefix, param = name.split(marker)
+            return prefix + ".", fused, param
+    return None
+
+
+def to_hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """minillm tensor names -> Hugging Face names, the stacked projections split apart."""
+    parts, out = fused_parts(config), {}
+    for name, tensor in state.items():
+        key = _fused_key(name, parts)
+        if key is None:
+            out[name] = tensor
+            continue
+        prefix, fused, param = key
+        pieces = tensor.split([rows for _, rows in parts[fused]], dim=0)
+        out.update({f"{prefix}{hf}.{param}": piece for (hf, _), piece in zip(parts[fused], pieces)})
+    return out
+
+
+def from_hf_state_dict(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Hugging Face names -> minillm's, stacking q/k/v and gate/up (the inverse of to_hf_state_dict).
+
+    Every member of a group must be present (load_state_dict checks that first)."""
+    parts, out = fused_parts(config), dict(tensors)
+    for name in tensors:
+        for fused, members in parts.items():
+            first = f".{members[0][0]}."  # e.g. ".self_attn.q_proj."
+            if first in name:
+                prefix, param = name.split(first)
+                group = [f"{prefix}.{hf}.{param}" for hf, _ in members]
+                out[f"{prefix}.{fused}.{param}"] = torch.cat([out.pop(n) for n in group], dim=0)
+    return out
+
+
 def _weight_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
@@ -292,13 +340,15 @@ def load_model(directory: Path, device=None, dtype: torch.dtype | None = None) -
         dtype = torch.float32 if device.type == "cpu" else _checkpoint_dtype(raw)
     with torch.device("meta"):
         model = Transformer(config)
-    expected = {k: v.shape for k, v in model.state_dict().items()}
+    expected = {k: v.shape for k, v in to_hf_state_dict(model.state_dict(), config).items()}
     skip: tuple[str, ...] = ()
     if config.tie_embeddings:  # the head is the embedding; some tied checkpoints store a copy anyway
         expected.pop("lm_head.weight")
         skip = ("lm_head.weight",)
-    state = load_state_dict(directory, expected, dtype, device, skip)
-    model.load_state_dict(state, strict=False, assign=True)
+    state = from_hf_state_dict(load_state_dict(directory, expected, dtype, device, skip), config)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if set(missing) - {"lm_head.weight"} or unexpected:  # load_state_dict checked names: a bug if reached
+        raise CheckpointError(f"internal error mapping {directory}: missing {missing}, unexpected {unexpected}")
     model.inv_freq = rope_inv_freq(config).to(device)
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
@@ -327,7 +377,7 @@ def save_pretrained(
     config = model.config
     state = {
         f"model.{k}" if not k.startswith("lm_head") else k: v.detach().to("cpu").contiguous()
-        for k, v in model.state_dict().items()
+        for k, v in to_hf_state_dict(model.state_dict(), config).items()
     }
     if config.tie_embeddings:
         state.pop("lm_head.weight")

@@ -5,8 +5,10 @@ rotary position embeddings (Su et al., 2021) with Llama 3's frequency scaling, g
 attention (Ainslie et al., 2023) of which MHA and MQA are the two ends, and a SwiGLU MLP
 (Shazeer, 2020). Mistral and Qwen2 differ only in options (sliding window, q/k/v bias).
 
-Module and parameter names match Hugging Face's ``LlamaForCausalLM`` (without the ``model.``
-prefix), so a checkpoint's tensors map one to one onto ``state_dict()``.
+Module and parameter names follow Hugging Face's ``LlamaForCausalLM`` (without the ``model.``
+prefix), except that q/k/v and gate/up projections are stacked into one matrix each
+(``qkv_proj``, ``gate_up_proj``), as in vLLM and gpt-fast: fewer, larger matmuls.
+``minillm.checkpoints`` splits and stacks them when saving and loading.
 
 Positions are explicit: every query and every cached key carries its position, and the
 attention mask is derived from them (causal: key position <= query position; a padding slot
@@ -37,6 +39,13 @@ class Cache(Protocol):
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
+def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, the statistics in fp32 whatever the input dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -44,9 +53,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # PyTorch's fused op computes exactly rms_norm_reference in one call instead of six.
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def rope_inv_freq(config: ModelConfig) -> Tensor:
@@ -127,10 +135,10 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         d, hd = config.dim, config.head_dim
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=config.o_bias)
+        self.q_size, self.kv_size = self.n_heads * hd, self.n_kv_heads * hd
+        # W_q, W_k and W_v stacked into one matrix: one matmul instead of three per layer.
+        self.qkv_proj = nn.Linear(d, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, d, bias=config.o_bias)
         self.backend = "sdpa"
 
     def forward(
@@ -143,10 +151,10 @@ class Attention(nn.Module):
         cache: Cache | None = None,
     ) -> Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        H, Hkv = self.n_heads, self.n_kv_heads
+        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, self.head_dim).transpose(1, 2)  # (B, H+2Hkv, T, hd)
+        qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # queries and keys rotated in one go
+        q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]  # (B, H, T, hd), (B, Hkv, T, hd), (B, Hkv, T, hd)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, hd): every key so far
         attend = attention_sdpa if self.backend == "sdpa" else attention_reference
@@ -160,12 +168,12 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         d, f, b = config.dim, config.ffn_dim, config.mlp_bias
-        self.gate_proj = nn.Linear(d, f, bias=b)
-        self.up_proj = nn.Linear(d, f, bias=b)
+        self.gate_up_proj = nn.Linear(d, 2 * f, bias=b)  # W_gate and W_up stacked: one matmul
         self.down_proj = nn.Linear(f, d, bias=b)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):

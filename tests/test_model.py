@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from minillm import RopeScaling, Transformer, random_model
+from minillm.checkpoints import from_hf_state_dict, to_hf_state_dict
 from minillm.model import attention_mask, attention_reference, attention_sdpa, rope_inv_freq
 from tests.conftest import tiny_config, tiny_model
 
@@ -40,14 +41,25 @@ def test_attention_mask_rules():
 def test_gqa_equals_mha_with_repeated_key_value_heads():
     gqa = tiny_model(n_kv_heads=2)
     mha = Transformer(tiny_config(n_kv_heads=4)).eval()
-    state = gqa.state_dict()
+    state = to_hf_state_dict(gqa.state_dict(), gqa.config)  # separate q/k/v matrices
     hd = gqa.config.head_dim
     for name, w in list(state.items()):
         if name.endswith(("k_proj.weight", "v_proj.weight")):  # (Hkv*hd, D) -> (H*hd, D)
             state[name] = w.view(2, hd, -1).repeat_interleave(2, dim=0).reshape(4 * hd, -1)
-    mha.load_state_dict(state)
+    mha.load_state_dict(from_hf_state_dict(state, mha.config))
     ids = torch.randint(0, 97, (2, 15))
     torch.testing.assert_close(gqa(ids), mha(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_stacked_projections_round_trip_through_hugging_face_names():
+    model = tiny_model(n_kv_heads=2, qkv_bias=True, o_bias=True, mlp_bias=True)
+    hf = to_hf_state_dict(model.state_dict(), model.config)
+    assert {"layers.0.self_attn.k_proj.bias", "layers.1.mlp.up_proj.weight"} <= set(hf)
+    assert not any("qkv_proj" in k or "gate_up_proj" in k for k in hf)
+    assert hf["layers.0.self_attn.k_proj.weight"].shape == (2 * 8, 32)
+    back = from_hf_state_dict(hf, model.config)
+    assert back.keys() == model.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
 
 
 def test_left_padding_does_not_change_a_sequence():
