@@ -15,7 +15,7 @@ help:
 	@echo "make test   install everything into $(VENV), then run ruff and the test suite"
 	@echo "make book   render the book (not written yet: see README)"
 	@echo "make bench  run the generation benchmark (minillm vs transformers, cache vs recompute)"
-	@echo "make lab    open JupyterLab"
+	@echo "make lab    install and open JupyterLab"
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,7 +43,8 @@ book:
 	@echo "The book is not written yet (see the open issues). 'make test' checks the library."
 
 lab: setup
-	$(VENV)/bin/jupyter lab || echo "JupyterLab arrives with the book; pip install jupyterlab to use it now."
+	$(PY) -c "import jupyterlab" 2>/dev/null || $(PIP) install jupyterlab
+	$(VENV)/bin/jupyter lab
 
 clean:
 	rm -rf $(VENV) _build .pytest_cache .ruff_cache
