@@ -9,11 +9,13 @@ PIP := $(PY) -m pip
 TORCH_CPU ?= torch==2.13.0
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup test lint book lab bench clean help
+.PHONY: setup test lint book execute exercises lab bench clean help
 
 help:
 	@echo "make test   install everything into $(VENV), then run ruff and the test suite"
-	@echo "make book   render the book (not written yet: see README)"
+	@echo "make book   render the book into _build/html from the committed notebook outputs"
+	@echo "make execute      re-run every chapter and solution here and save their outputs"
+	@echo "make exercises    regenerate exercises/ from solutions/"
 	@echo "make bench  run the generation benchmark (minillm vs transformers, cache vs recompute)"
 	@echo "make lab    install and open JupyterLab"
 
@@ -34,13 +36,19 @@ lint: setup
 	$(VENV)/bin/ruff format --check minillm kernels tests
 
 test: lint
-	$(PY) -m pytest -n $(NPROC) --dist loadgroup -q
+	$(PY) -m pytest -n $(NPROC) --dist loadfile -q tests chapters solutions --nbval-lax
 
 bench: setup
 	$(PY) -m minillm bench generate
 
-book:
-	@echo "The book is not written yet (see the open issues). 'make test' checks the library."
+book: setup
+	$(VENV)/bin/jupyter-book build . --warningiserror --keep-going
+
+execute: setup
+	$(PY) -m minillm.exercises --execute chapters/*.ipynb solutions/*.ipynb
+
+exercises: setup
+	$(PY) -m minillm.exercises solutions exercises
 
 lab: setup
 	$(PY) -c "import jupyterlab" 2>/dev/null || $(PIP) install jupyterlab

@@ -363,3 +363,24 @@ def _title(result: dict, prompt: str = "") -> str:
     return (f"{result['benchmark']}: {result['model']}, {result['dtype']}, batch {result['batch_size']}, "
             f"{prompt}{result['new_tokens']} new tokens, median of {result['repeats']}\n"
             f"{result['hardware']}")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefill vs decode (chapter 1)
+
+
+def prefill_vs_decode(model: Transformer, tokenizer: Tokenizer | None, prompt_lens: Sequence[int],
+                      new_tokens: int = 32, repeats: int = 3) -> list[dict]:  # fmt: skip
+    """For each prompt length: the prefill time (TTFT) and the time of one decode step (TPOT),
+    medians over ``repeats`` greedy generations with the KV cache."""
+    _check_counts(repeats, new_tokens)
+    rows = []
+    for n in prompt_lens:
+        prompt, _ = make_prompt(model, tokenizer, n)
+        time_minillm(model, prompt, new_tokens)  # warmup
+        runs = [generate(model, prompt, new_tokens, eos_token_id=None) for _ in range(repeats)]
+        ttft = statistics.median(r.ttft for r in runs)
+        tpot = statistics.median(r.tpot for r in runs)
+        rows.append({"prompt_tokens": n, "prefill_ms": 1e3 * ttft, "decode_step_ms": 1e3 * tpot,
+                     "prefill_tokens_per_s": n / ttft, "decode_tokens_per_s": 1 / tpot})  # fmt: skip
+    return rows

@@ -192,7 +192,7 @@ def greedy_agreement(draft: Transformer, target: Transformer, ids: torch.Tensor,
     return agree / x.numel()
 
 
-def write_model_card(directory: Path, sample_prompt: str = "def read_config(path):\n",
+def write_model_card(directory: Path, sample_prompt: str = "def read_config(path):",
                      compare_with: str | None = None) -> str:  # fmt: skip
     """README.md for a bundled model, every figure read from its training log or measured here.
 

@@ -74,7 +74,7 @@ def sampled_text(model, tok, prompt: str, n: int = 160) -> str:
 
 def test_code_it_writes_is_indented_like_python(pair):
     target, _, tok = pair
-    text = sampled_text(target, tok, "import os\n\n\ndef list_files(directory):\n")
+    text = sampled_text(target, tok, "import os\n\n\ndef list_files(directory):")
     lines = [ln for ln in text.splitlines() if ln.strip()]
     four_space = sum((len(ln) - len(ln.lstrip(" "))) % 4 == 0 for ln in lines)
     assert len(lines) >= 5 and four_space >= 0.9 * len(lines), text
