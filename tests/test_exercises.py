@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from minillm import checks
 from minillm import exercises as ex
 from minillm.sampling import SamplingParams, probabilities
 
@@ -51,22 +52,22 @@ def test_each_check_fails_without_its_solution(path, region):
 
 
 def test_checkers_reject_plausible_wrong_answers():
-    with pytest.raises(ex.CheckFailed, match="temperature"):
-        ex.check_softmax_with_temperature(lambda logits, t: torch.softmax(logits, -1))  # ignores T
-    with pytest.raises(ex.CheckFailed, match="overflow"):
-        ex.check_softmax_with_temperature(lambda logits, t: torch.exp(logits / t) / torch.exp(logits / t).sum())
+    with pytest.raises(checks.CheckFailed, match="temperature"):
+        checks.check_softmax_with_temperature(lambda logits, t: torch.softmax(logits, -1))  # ignores T
+    with pytest.raises(checks.CheckFailed, match="overflow"):
+        checks.check_softmax_with_temperature(lambda logits, t: torch.exp(logits / t) / torch.exp(logits / t).sum())
 
     def top_p_without_renormalizing(probs, p):
         keep = probabilities(probs.log(), SamplingParams(temperature=1.0, top_p=p)) > 0
         return probs * keep
 
-    with pytest.raises(ex.CheckFailed, match="top-p"):
-        ex.check_top_p(top_p_without_renormalizing)
+    with pytest.raises(checks.CheckFailed, match="top-p"):
+        checks.check_top_p(top_p_without_renormalizing)
 
     def top_p_right(probs, p):
         return probabilities(probs.log(), SamplingParams(temperature=1.0, top_p=p))
 
-    ex.check_top_p(top_p_right)  # the library's own filter passes
+    checks.check_top_p(top_p_right)  # the library's own filter passes
 
 
 def test_greedy_checker_rejects_a_loop_that_reads_the_wrong_position():
@@ -81,5 +82,5 @@ def test_greedy_checker_rejects_a_loop_that_reads_the_wrong_position():
             out.append(int(model(torch.tensor([out]))[0, 0].argmax()))
         return out[len(ids) :]
 
-    with pytest.raises(ex.CheckFailed, match="last"):
-        ex.check_greedy_generate(first_position_argmax, model, [1, 2, 3])
+    with pytest.raises(checks.CheckFailed, match="last"):
+        checks.check_greedy_generate(first_position_argmax, model, [1, 2, 3])
