@@ -53,3 +53,62 @@ def test_measurements_are_positive_and_plausible():
     assert 1e8 < flops < 1e15
     assert 1e8 < bandwidth < 1e13
     assert measure_matmul_flops(dtype=torch.float64, n=128, repeats=1) > 0
+
+
+def test_decode_ceiling_of_an_8b_model_on_an_h100_by_hand():
+    from minillm.roofline import decode_upper_bound_tokens_per_s
+
+    tps = decode_upper_bound_tokens_per_s(8.03e9, 2, 3.35e12)
+    assert tps == pytest.approx(3.35e12 / 16.06e9)
+    assert 200 < tps < 215
+    with pytest.raises(ValueError, match="positive"):
+        decode_upper_bound_tokens_per_s(8e9, 0, 3.35e12)
+
+
+def test_accelerator_chooser_fits_ceilings_and_costs():
+    from minillm.roofline import accelerator_chooser, datasheet_rows
+
+    rows = {r["accelerator"]: r for r in accelerator_chooser(8.03e9, 2, {"H100-SXM": 3.0, "L4": 1.0})}
+    assert not rows["T4"]["fits"] and rows["T4"]["tokens_per_s"] is None  # 16.06 GB > 16 GB
+    assert rows["H200-SXM"]["tokens_per_s"] > rows["H100-SXM"]["tokens_per_s"] > rows["L4"]["tokens_per_s"]
+    h100 = rows["H100-SXM"]
+    assert h100["dollars_per_1m_tokens"] == pytest.approx(3.0 / (h100["tokens_per_s"] * 3600) * 1e6)
+    assert rows["A100-80GB-SXM"]["dollars_per_1m_tokens"] is None  # no price given
+    assert [r["accelerator"] for r in datasheet_rows()] == [a.name for a in DATASHEETS]
+
+
+def test_measure_phases_reports_consistent_utilization():
+    from minillm.roofline import measure_phases
+    from tests.conftest import tiny_model
+
+    model = tiny_model()
+    roof = Roofline(peak_flops=1e11, peak_bandwidth=1e10)
+    prefill, decode = measure_phases(model, roof, batch=2, prompt_len=8, new_tokens=4, repeats=1)
+    assert (prefill["phase"], decode["phase"]) == ("prefill", "decode")
+    assert prefill["intensity"] > decode["intensity"]
+    for row in (prefill, decode):
+        assert row["mfu"] == pytest.approx(row["flops_per_s"] / 1e11)
+        assert row["mbu"] == pytest.approx(row["bytes_per_s"] / 1e10)
+        assert row["flops_per_s"] / row["bytes_per_s"] == pytest.approx(row["intensity"])
+    with pytest.raises(ValueError, match="new_tokens"):
+        measure_phases(model, roof, batch=1, prompt_len=8, new_tokens=1)
+
+
+def test_plot_roofline_draws_roof_ridge_and_points():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minillm.roofline import plot_roofline
+
+    roof = Roofline(peak_flops=100e12, peak_bandwidth=2e12)
+    ax = plot_roofline(roof, [("decode", 1.0, None), ("prefill", 500.0, 50e12)], title="t")
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "FLOP/byte" in ax.get_xlabel() and ax.get_title() == "t"
+    assert len(ax.get_lines()) == 4  # roof, ridge, two points
+
+
+def test_measured_roofline_is_positive():
+    from minillm.roofline import measure_roofline
+
+    roof = measure_roofline(n=128, megabytes=8, repeats=1, trials=2)
+    assert roof.peak_flops > 0 and roof.peak_bandwidth > 0 and roof.ridge > 0
