@@ -88,6 +88,51 @@ def execute_notebook(nb: dict, cwd: Path, timeout: int = 600) -> dict:
     return node
 
 
+# ---------------------------------------------------------------------------------------------
+# One repository URL: _config.yml names it; the notebooks' Colab badges and install cells follow
+
+BADGE = re.compile(r"\[!\[Open in Colab\]\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)\]"
+                   r"\(https://colab\.research\.google\.com/github/[^)\s]*\)")  # fmt: skip
+INSTALL = re.compile(r"minillm @ git\+https://github\.com/[^\"'\s]*")
+
+
+def repository(config: Path = Path("_config.yml")) -> tuple[str, str]:
+    """("owner/name", branch) from the book's _config.yml."""
+    import yaml
+
+    repo = yaml.safe_load(Path(config).read_text())["repository"]
+    return repo["url"].removeprefix("https://github.com/").rstrip("/"), repo.get("branch", "main")
+
+
+def colab_badge(repo: str, branch: str, path: str) -> str:
+    return (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+            f"(https://colab.research.google.com/github/{repo}/blob/{branch}/{path})")  # fmt: skip
+
+
+def sync_links(nb: dict, badge_path: str, repo: str, branch: str) -> dict:
+    """Point a notebook's Colab badge at ``badge_path`` and its install cell at ``repo``."""
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        src = _cell_source(cell)
+        src = BADGE.sub(lambda _: colab_badge(repo, branch, badge_path), src)
+        cell["source"] = INSTALL.sub(f"minillm @ git+https://github.com/{repo}@{branch}", src)
+    return nb
+
+
+def sync_repository_links(root: Path = Path(".")) -> list[Path]:
+    """Rewrite chapters/ and solutions/ so every link uses _config.yml's repository; return the changed."""
+    repo, branch = repository(root / "_config.yml")
+    changed = []
+    for folder, badge_folder in (("chapters", "chapters"), ("solutions", "exercises")):
+        for path in sorted((root / folder).glob("*.ipynb")):
+            nb = read_notebook(path)
+            synced = sync_links(nb, f"{badge_folder}/{path.name}", repo, branch)
+            if dump_notebook(synced) != dump_notebook(nb):
+                path.write_text(dump_notebook(synced), encoding="utf-8")
+                changed.append(path)
+    return changed
+
+
 def write_exercises(solutions: Path = Path("solutions"), exercises: Path = Path("exercises")) -> list[Path]:
     """Regenerate every exercise notebook; return the paths written."""
     exercises.mkdir(parents=True, exist_ok=True)
@@ -115,5 +160,7 @@ if __name__ == "__main__":  # python -m minillm.exercises [--execute NB ...] | [
     if args[:1] == ["--execute"]:
         execute_in_place([Path(a) for a in args[1:]])
     else:
+        for path in sync_repository_links():
+            print(f"updated links in {path}")
         paths = write_exercises(*(Path(a) for a in args[:2]))
         print("\n".join(f"wrote {p}" for p in paths))
