@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .hardware import hardware_description
+from .hardware import best_device, hardware_description
 
 SCALES = ("tiny", "small", "medium", "large")  # tiny: tests; small: a laptop CPU; medium/large: GPUs
 
@@ -43,14 +43,6 @@ class BookContext:
         """A figure title suffix: hardware, dtype and (optionally) model."""
         dtype = str(self.dtype).removeprefix("torch.")
         return f"{self.hardware.split(',')[0]}, {dtype}" + (f", {model}" if model else "")
-
-
-def best_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
 
 
 def default_scale(device: torch.device) -> str:

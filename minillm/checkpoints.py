@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig, RopeScaling
+from .hardware import best_device
 from .model import Transformer, rope_inv_freq
 from .tokenizer import Tokenizer
 
@@ -316,14 +317,6 @@ def _checkpoint_dtype(cfg: dict) -> torch.dtype:
     return getattr(torch, str(name).removeprefix("torch."), torch.float32)
 
 
-def _default_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
 def load_model(directory: Path, device=None, dtype: torch.dtype | None = None) -> Transformer:
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
@@ -335,7 +328,7 @@ def load_model(directory: Path, device=None, dtype: torch.dtype | None = None) -
         if eos is not None:
             raw = {**raw, "eos_token_id": eos}
     config = config_from_hf(raw, name=directory.name)
-    device = torch.device(device) if device is not None else _default_device()
+    device = torch.device(device) if device is not None else best_device()
     if dtype is None:  # the checkpoint's own dtype on an accelerator; fp32 on a CPU
         dtype = torch.float32 if device.type == "cpu" else _checkpoint_dtype(raw)
     with torch.device("meta"):

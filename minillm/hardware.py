@@ -25,3 +25,12 @@ def hardware_description(device: str | torch.device = "cpu") -> str:
     else:
         name = f"{cpu_name()} ({device.type})"
     return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def best_device() -> torch.device:
+    """cuda, then Apple's mps, then the cpu."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
