@@ -25,7 +25,7 @@ import torch
 from . import corpus
 from .checkpoints import load, resolve
 from .generate import generate
-from .hardware import hardware_description
+from .hardware import hardware_description, synchronize
 from .model import Transformer
 from .tokenizer import Tokenizer
 
@@ -96,17 +96,12 @@ def make_prompt(model: Transformer, tokenizer: Tokenizer | None, length: int) ->
     return ids, "corpus text (validation split)"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_minillm(model: Transformer, prompt: list[int], new_tokens: int, use_cache: bool = True) -> Run:
     """One greedy minillm generation of exactly ``new_tokens`` tokens, timed end to end."""
-    _sync(model.device)
+    synchronize(model.device)
     t0 = time.perf_counter()
     result = generate(model, prompt, new_tokens, eos_token_id=None, use_cache=use_cache)
-    _sync(model.device)
+    synchronize(model.device)
     seconds = time.perf_counter() - t0
     return Run(seconds, result.ttft, result.decode_tokens_per_s, result.tokens[0].tolist())
 
@@ -179,7 +174,7 @@ def _hf_timer(transformers, hf_model, prompt: list[int], new_tokens: int) -> Cal
 
     def run() -> Run:
         streamer = TokenTimes()
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         with torch.inference_mode():
             # eos_token_id=None: never stop early and never suppress EOS, as minillm here; so
@@ -187,7 +182,7 @@ def _hf_timer(transformers, hf_model, prompt: list[int], new_tokens: int) -> Cal
             out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                     max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None,
                                     pad_token_id=pad_id, streamer=streamer)  # fmt: skip
-        _sync(device)
+        synchronize(device)
         seconds = time.perf_counter() - t0
         t = streamer.times
         decode = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else float("nan")

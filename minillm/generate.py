@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .cache import KVCache
+from .hardware import synchronize
 from .model import Transformer
 from .sampling import SamplingParams, sample
 
@@ -47,13 +48,6 @@ class GenerationResult:
 
     def token_lists(self) -> list[list[int]]:
         return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
@@ -163,7 +157,7 @@ def generate(
     cache = KVCache.for_model(model, B, P + max_new_tokens) if use_cache else None
     token_times: list[float] = []
 
-    _sync(device)
+    synchronize(device)
     t_start = t_prev = time.perf_counter()
     if cache is not None:
         logits = prefill(model, ids, positions if padded else None, cache)
@@ -177,7 +171,7 @@ def generate(
         if on_token is not None:
             on_token(token)
         done |= torch.isin(token, eos)
-        _sync(device)
+        synchronize(device)
         now = time.perf_counter()
         if step == 0:
             ttft = now - t_start

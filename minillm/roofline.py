@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import ModelConfig
+from .hardware import synchronize
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,10 @@ def _median_seconds(fn, device: torch.device, repeats: int) -> float:
     fn()  # warmup
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
