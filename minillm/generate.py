@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .cache import KVCache
 from .hardware import synchronize
-from .model import Transformer
+from .model import Cache, Transformer
 from .sampling import SamplingParams, sample
 
 
@@ -74,12 +74,12 @@ def _as_prompts(input_ids) -> list[list[int]]:
     return [list(p) for p in input_ids]
 
 
-def prefill(model: Transformer, ids: Tensor, positions: Tensor | None, cache: KVCache) -> Tensor:
+def prefill(model: Transformer, ids: Tensor, positions: Tensor | None, cache: Cache) -> Tensor:
     """Run the prompt through the model, filling the cache; return the last logits (B, V)."""
     return model(ids, positions, cache, last_only=True)[:, -1]
 
 
-def decode_one_token(model: Transformer, token: Tensor, positions: Tensor | None, cache: KVCache) -> Tensor:
+def decode_one_token(model: Transformer, token: Tensor, positions: Tensor | None, cache: Cache) -> Tensor:
     """One step with the cache: token (B,) -> next logits (B, V)."""
     return model(token[:, None], positions, cache)[:, -1]
 
@@ -130,6 +130,7 @@ def generate(
     eos_token_id: int | Sequence[int] | None | str = "config",
     use_cache: bool = True,
     on_token: Callable[[Tensor], None] | None = None,
+    cache: Cache | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after each prompt.
 
@@ -154,7 +155,14 @@ def generate(
     done = torch.zeros(B, dtype=torch.bool, device=device)
     out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
     n_new = torch.zeros(B, dtype=torch.long, device=device)
-    cache = KVCache.for_model(model, B, P + max_new_tokens) if use_cache else None
+    if cache is not None:
+        if not use_cache:
+            raise ValueError("use_cache=False recomputes every step; it cannot take a cache")
+        if cache.length != 0 or cache.batch_size != B:
+            raise ValueError(f"cache must be empty and built for batch size {B}; it holds {cache.length} "
+                             f"tokens for batch size {cache.batch_size}")  # fmt: skip
+    elif use_cache:
+        cache = KVCache.for_model(model, B, P + max_new_tokens)
     token_times: list[float] = []
 
     synchronize(device)

@@ -31,9 +31,17 @@ ATTENTION_BACKENDS = ("sdpa", "reference")
 
 
 class Cache(Protocol):
-    """What the model needs from a KV cache (see ``minillm.cache`` for the kinds)."""
+    """What the model needs from a KV cache (see ``minillm.cache`` for the kinds).
+
+    ``length`` counts the tokens written so far (the next token's position, for an unpadded
+    row). ``in_order`` is True when ``update`` returns exactly the keys of positions
+    0..length-1 in order, so that a plain causal rule needs no mask. A cache that limits what
+    may be seen (a sliding window) names it in ``window``.
+    """
 
     length: int
+    in_order: bool
+    window: int | None
 
     def reserve(self, positions: Tensor) -> Tensor: ...  # (B, T) new positions -> (B, S) all key positions
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
@@ -105,21 +113,25 @@ def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> T
     return mask[:, None]
 
 
-def attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
-    """Plain scaled dot-product attention, the N x N score matrix in full.
-
-    q (B, H, T, hd); k, v (B, Hkv, S, hd) with H a multiple of Hkv (GQA); mask bool (B, 1, T, S).
-    """
-    n_rep = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)
-    v = v.repeat_interleave(n_rep, dim=1)
+def attention_probs(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+    """softmax(q k^T / sqrt(hd)) in fp32: (B, H, T, S), K heads repeated for GQA."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, S, hd)
     scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])  # (B, H, T, S)
     if causal:
         T, S = scores.shape[-2:]
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(dim=-1).to(q.dtype) @ v).to(q.dtype)
+    return scores.softmax(dim=-1)
+
+
+def attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+    """Plain scaled dot-product attention, the N x N score matrix in full.
+
+    q (B, H, T, hd); k, v (B, Hkv, S, hd) with H a multiple of Hkv (GQA); mask bool (B, 1, T, S).
+    """
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)  # (B, H, S, hd)
+    return (attention_probs(q, k, mask, causal).to(q.dtype) @ v).to(q.dtype)
 
 
 def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
@@ -157,9 +169,19 @@ class Attention(nn.Module):
         q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]  # (B, H, T, hd), (B, Hkv, T, hd), (B, Hkv, T, hd)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, hd): every key so far
-        attend = attention_sdpa if self.backend == "sdpa" else attention_reference
-        y = attend(q, k, v, mask, causal)  # (B, H, T, hd)
+        if cache is not None and getattr(cache, "wants_attention", False):
+            probs = attention_probs(q, k, mask, causal)  # (B, H, T, S), for caches that evict by attention
+            cache.record_attention(self.layer_idx, probs)
+            y = probs.to(v.dtype) @ v.repeat_interleave(H // Hkv, dim=1)
+        else:
+            attend = attention_sdpa if self.backend == "sdpa" else attention_reference
+            y = attend(q, k, v, mask, causal)  # (B, H, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+def _narrowest(*windows: int | None) -> int | None:
+    given = [w for w in windows if w is not None]
+    return min(given) if given else None
 
 
 class MLP(nn.Module):
@@ -230,12 +252,18 @@ class Transformer(nn.Module):
         positions: Tensor | None = None,
         cache: Cache | None = None,
         last_only: bool = False,
+        tree_mask: Tensor | None = None,
     ) -> Tensor:
         """Logits (B, T, vocab) for input_ids (B, T); (B, 1, vocab) with ``last_only``.
 
         ``positions`` (B, T) gives each token's position, -1 for left padding; by default the
         tokens continue the cache (or start at 0). With a cache, the new keys and values are
         written into it and the queries attend to everything cached so far.
+
+        ``tree_mask`` bool (T, T) or (B, T, T) further restricts which of the new tokens each
+        new token sees (row i: may token i see token j), for verifying several candidate
+        continuations in one pass (tree attention). It needs a cache that returns the new
+        keys last (``in_order``), or no cache.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
@@ -249,12 +277,20 @@ class Transformer(nn.Module):
         if implicit:
             positions = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
         k_pos = cache.reserve(positions) if cache is not None else positions
-        window = self.config.sliding_window
+        window = _narrowest(self.config.sliding_window, getattr(cache, "window", None))
+        in_order = cache is None or cache.in_order
         mask, causal = None, False
-        if implicit and window is None and (T == 1 or start == 0):
+        if implicit and window is None and in_order and tree_mask is None and (T == 1 or start == 0):
             causal = T > 1  # contiguous tokens from 0, or one token that sees the whole cache
         else:
             mask = attention_mask(positions, k_pos, window)
+        if tree_mask is not None:
+            if not in_order:
+                raise ValueError("tree_mask needs a cache that returns the new keys last (in_order)")
+            if tree_mask.shape[-2:] != (T, T):
+                raise ValueError(f"tree_mask must be ({T}, {T}) for {T} new tokens, got {tuple(tree_mask.shape)}")
+            mask = mask.clone()
+            mask[..., -T:] &= tree_mask.to(mask.device).view(-1, 1, T, T)
 
         x = self.embed_tokens(input_ids)  # (B, T, D)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
