@@ -253,7 +253,8 @@ class Transformer(nn.Module):
         cache: Cache | None = None,
         last_only: bool = False,
         tree_mask: Tensor | None = None,
-    ) -> Tensor:
+        return_hidden: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Logits (B, T, vocab) for input_ids (B, T); (B, 1, vocab) with ``last_only``.
 
         ``positions`` (B, T) gives each token's position, -1 for left padding; by default the
@@ -263,7 +264,8 @@ class Transformer(nn.Module):
         ``tree_mask`` bool (T, T) or (B, T, T) further restricts which of the new tokens each
         new token sees (row i: may token i see token j), for verifying several candidate
         continuations in one pass (tree attention). It needs a cache that returns the new
-        keys last (``in_order``), or no cache.
+        keys last (``in_order``), or no cache. ``return_hidden`` also returns the final normed
+        hidden states (B, T, D) that the LM head reads (extra heads such as Medusa's read them too).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
@@ -298,7 +300,9 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask, causal, cache)
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self.norm(x))
+        hidden = self.norm(x)
+        logits = self.lm_head(hidden)
+        return (logits, hidden) if return_hidden else logits
 
     def init_weights(self, seed: int | None = None, std: float = 0.02) -> Transformer:
         """Random initialization as in GPT-2: N(0, std), residual projections scaled by depth."""
