@@ -123,7 +123,15 @@ def train_model(
 ) -> tuple[Transformer, dict]:
     """Train from scratch on random windows of ``train_ids``; return the model and a log."""
     torch.manual_seed(tc.seed)
-    model = Transformer(config).init_weights(seed=tc.seed).train()
+    model = Transformer(config).init_weights(seed=tc.seed)
+    return model, fit(model, tc, train_ids, valid_ids, progress)
+
+
+def fit(model: Transformer, tc: TrainConfig, train_ids: torch.Tensor, valid_ids: torch.Tensor | None = None,
+        progress: bool = True) -> dict:  # fmt: skip
+    """AdamW with warmup and cosine decay on random windows of ``train_ids``; the model is left in
+    eval mode. Returns the log: train loss per step, validation loss every ``eval_every`` steps."""
+    model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -134,7 +142,7 @@ def train_model(
     gen = torch.Generator().manual_seed(tc.seed)
     log: dict = {"train_loss": [], "valid_loss": []}
     t0 = time.perf_counter()
-    bar = tqdm(range(tc.steps), disable=not progress, desc=config.name, unit="step")
+    bar = tqdm(range(tc.steps), disable=not progress, desc=model.config.name, unit="step")
     for step in bar:
         starts = torch.randint(0, len(train_ids) - tc.seq_len - 1, (tc.batch_size,), generator=gen)
         x = torch.stack([train_ids[s : s + tc.seq_len] for s in starts.tolist()])
@@ -147,12 +155,13 @@ def train_model(
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         opt.step()
         log["train_loss"].append(round(loss.item(), 4))
-        if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
+        if valid_ids is not None and ((step + 1) % tc.eval_every == 0 or step + 1 == tc.steps):
             val = evaluate(model, valid_ids, tc.seq_len)
             log["valid_loss"].append([step + 1, round(val, 4)])
             bar.set_postfix(loss=f"{loss.item():.3f}", valid=f"{val:.3f}")
     log["seconds"] = round(time.perf_counter() - t0, 1)
-    return model.eval(), log
+    model.eval()
+    return log
 
 
 def train_bundled(size: str, out_dir: Path | None = None, steps: int | None = None, progress: bool = True) -> Path:
