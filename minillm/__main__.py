@@ -147,6 +147,24 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_kv(args: argparse.Namespace) -> int:
+    from .shrink import bench_kv, format_kv_bench
+
+    if args.repeats < 1 or args.new_tokens < 1 or min(args.contexts) < 1:
+        raise CliError("--repeats, --new-tokens and --contexts must be positive integers")
+    if args.shape not in PRESETS:
+        raise CliError(f"unknown shape {args.shape!r}; choose one of {', '.join(PRESETS)}")
+    device = parse_device(args.device) or default_device()
+    print(f"KV-cache techniques on a random {args.shape} (as MHA), contexts {args.contexts} ({device})...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    result = bench_kv(args.shape, tuple(args.contexts), args.batch, args.new_tokens, args.repeats, device,
+                      DTYPES[args.dtype] if args.dtype else None)  # fmt: skip
+    print(format_kv_bench(result))
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
 def check_bench_args(args: argparse.Namespace) -> None:
     """Fail in a second, not after minutes of measuring: counts, and prompts that fit the context."""
     if args.repeats < 1:
@@ -253,7 +271,7 @@ def add_generate(commands) -> None:
 
 
 def add_bench(commands) -> None:
-    bench_parser = commands.add_parser("bench", help="measure: minillm vs transformers, KV cache vs recompute")
+    bench_parser = commands.add_parser("bench", help="measure: generation speed, KV-cache techniques, ...")
     kinds = bench_parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", title="benchmarks", required=True)
     p = kinds.add_parser("generate", help="generation speed: minillm vs transformers, KV cache vs recompute")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model to measure (default: {DEFAULT_MODEL})")
@@ -265,6 +283,16 @@ def add_bench(commands) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_generate)
+    p = kinds.add_parser("kv", help="KV-cache techniques: bytes and decode tokens/s at several contexts")
+    p.add_argument("--shape", default="SmolLM2-135M", help="preset shape, made MHA (default: SmolLM2-135M)")
+    p.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 4096], help="(default: 256 1024 4096)")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded together (default: 1)")
+    p.add_argument("--new-tokens", type=int, default=16, help="decode steps per timed run (default: 16)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, else float32")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.set_defaults(handler=cmd_bench_kv)
 
 
 def add_train(commands) -> None:

@@ -104,23 +104,27 @@ def fill_with_random(cache, config: ModelConfig, context: int, chunk: int = 1024
 
 
 @torch.inference_mode()
+def _timed_decode(model: Transformer, cache, new_tokens: int) -> float:
+    """Tokens/s of ``new_tokens`` decode steps; a cache that can roll back is left where it was."""
+    B, device = cache.batch_size, model.device
+    token = torch.zeros(B, 1, dtype=torch.long, device=device)
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(new_tokens):
+        model(token, cache=cache)
+    synchronize(device)
+    rate = B * new_tokens / (time.perf_counter() - t0)
+    if isinstance(cache, KVCache):  # the same context for every repeat; the others have a fixed size anyway
+        cache.truncate(cache.length - new_tokens)
+    return rate
+
+
+@torch.inference_mode()
 def decode_tokens_per_s(model: Transformer, cache, context: int, new_tokens: int = 16, repeats: int = 3) -> float:
     """Median decode tokens/s (batch x steps / s) against a cache already holding ``context`` tokens."""
     fill_with_random(cache, model.config, context)
-    B, device = cache.batch_size, model.device
-    token = torch.zeros(B, 1, dtype=torch.long, device=device)
-    model(token, cache=cache)  # warm-up step
-    rates = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(new_tokens):
-            model(token, cache=cache)
-        synchronize(device)
-        rates.append(B * new_tokens / (time.perf_counter() - t0))
-        if isinstance(cache, KVCache):  # the same context for every repeat; the others have a fixed size anyway
-            cache.truncate(cache.length - new_tokens)
-    return statistics.median(rates)
+    _timed_decode(model, cache, 1)  # warm-up
+    return statistics.median(_timed_decode(model, cache, new_tokens) for _ in range(repeats))
 
 
 @dataclass
@@ -131,13 +135,19 @@ class Technique:
     retrain: str  # what it takes to use it on a trained model
 
 
+def gqa_heads(n_heads: int, ratio: int = 4) -> int:
+    """The divisor of n_heads nearest n_heads / ratio (more than 1 K/V head where possible)."""
+    divisors = [d for d in range(2, n_heads) if n_heads % d == 0] or [1]
+    return min(divisors, key=lambda d: (abs(d - n_heads / ratio), d))
+
+
 def techniques(window: int = 256, budget: int = 256, group: int = 2) -> list[Technique]:
     """Each way to shrink the cache, as a model variant plus a cache kind."""
     same = lambda c: c.n_kv_heads  # noqa: E731
     contiguous = lambda m, b, n: KVCache.for_model(m, b, n)  # noqa: E731
     return [
         Technique("MHA (baseline)", same, contiguous, "-"),
-        Technique("GQA (K/V heads / 4)", lambda c: max(1, c.n_kv_heads // 4), contiguous, "convert + uptrain"),
+        Technique("GQA (about 1/4 of the K/V heads)", lambda c: gqa_heads(c.n_heads), contiguous, "convert + uptrain"),
         Technique("MQA (1 K/V head)", lambda c: 1, contiguous, "convert + uptrain"),
         Technique(f"cross-layer, groups of {group}", same,
                   lambda m, b, n: CrossLayerKVCache.for_model(m, b, n, group=group), "yes (train with sharing)"),
@@ -154,24 +164,35 @@ def techniques(window: int = 256, budget: int = 256, group: int = 2) -> list[Tec
 def kv_benchmark(config: ModelConfig, contexts: Sequence[int] = (256, 1024, 4096), batch: int = 1,
                  new_tokens: int = 16, repeats: int = 3, device=None, dtype=torch.float32,
                  chosen: Sequence[Technique] | None = None) -> list[dict]:  # fmt: skip
-    """KV bytes and decode tokens/s of every technique at every context, on random-weight models."""
-    need = max(contexts) + new_tokens * (repeats + 2)
-    if config.max_seq_len < need:
-        config = config.replace(max_seq_len=need)
-    rows = []
+    """KV bytes and decode tokens/s of every technique at every context, on random-weight models.
+
+    At each context the techniques take turns, one timed run each per round, so that a slow
+    spell of a shared machine hits them all alike; the median over rounds is reported.
+    """
+    chosen = chosen or techniques()
+    need = max(contexts) + new_tokens + 2
+    config = config.replace(max_seq_len=max(config.max_seq_len, need))
     models: dict[int, Transformer] = {}
-    for tech in chosen or techniques():
-        kv_heads = tech.kv_heads(config)
-        if kv_heads not in models:
-            models[kv_heads] = random_model(config.replace(n_kv_heads=kv_heads), device, dtype)
-        model = models[kv_heads]
-        for ctx in contexts:
-            max_len = ctx + new_tokens * (repeats + 2)
-            cache = tech.make_cache(model, batch, max_len)
-            rate = decode_tokens_per_s(model, cache, ctx, new_tokens, repeats)
+    for tech in chosen:
+        heads = tech.kv_heads(config)
+        models.setdefault(heads, random_model(config.replace(n_kv_heads=heads), device, dtype))
+    rows = []
+    for ctx in contexts:
+        caches = []
+        for tech in chosen:
+            model = models[tech.kv_heads(config)]
+            cache = tech.make_cache(model, batch, ctx + new_tokens + 1)
+            fill_with_random(cache, model.config, ctx)
+            _timed_decode(model, cache, 1)  # warm-up
+            caches.append((model, cache))
+        rates = [[_timed_decode(m, c, new_tokens) for m, c in caches] for _ in range(repeats)]
+        for i, tech in enumerate(chosen):
+            model = caches[i][0]
             held = tech.make_cache(model, batch, ctx)  # sized for exactly this context
-            rows.append({"technique": tech.name, "context": ctx, "kv_bytes": held.nbytes, "tokens_per_s": rate,
+            rows.append({"technique": tech.name, "kv_heads": model.config.n_kv_heads, "context": ctx,
+                         "kv_bytes": held.nbytes, "tokens_per_s": statistics.median(r[i] for r in rates),
                          "retrain": tech.retrain})  # fmt: skip
+        del caches
     return rows
 
 
@@ -185,3 +206,37 @@ def hybrid_kv_bytes(config: ModelConfig, seq_len: int, batch: int = 1, dtype="bf
     n_global = -(-stored // global_every) if window else stored
     tokens = n_global * seq_len + (stored - n_global) * min(seq_len, window or seq_len)
     return 2 * n_kv_heads * config.head_dim * bytes_per_element(dtype) * tokens * batch
+
+
+def bench_kv(shape: str = "SmolLM2-135M", contexts: Sequence[int] = (256, 1024, 4096), batch: int = 1,
+             new_tokens: int = 16, repeats: int = 3, device=None, dtype=None) -> dict:  # fmt: skip
+    """The benchmark command's figures: every technique on a random-weight model of a real shape,
+    made multi-head first (the techniques start from MHA), with the hardware it ran on."""
+    from .config import preset
+    from .hardware import best_device, hardware_description
+
+    device = torch.device(device) if device else best_device()
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    base = preset(shape)
+    config = base.replace(n_kv_heads=base.n_heads, name=f"{base.name} as MHA")
+    rows = kv_benchmark(config, contexts, batch, new_tokens, repeats, device, dtype)
+    baseline = {r["context"]: r for r in rows if r["technique"] == "MHA (baseline)"}
+    for r in rows:
+        r["memory_vs_mha"] = r["kv_bytes"] / baseline[r["context"]]["kv_bytes"]
+        r["speed_vs_mha"] = r["tokens_per_s"] / baseline[r["context"]]["tokens_per_s"]
+    return {"model": config.name, "parameters": config.num_params(), "dtype": str(dtype).removeprefix("torch."),
+            "batch": batch, "new_tokens": new_tokens, "repeats": repeats, "device": str(device),
+            "hardware": hardware_description(device), "rows": rows}  # fmt: skip
+
+
+def format_kv_bench(result: dict) -> str:
+    from .bench import format_table
+    from .memory import format_bytes
+
+    rows = [{**r, "kv": format_bytes(r["kv_bytes"]), "memory": f"{r['memory_vs_mha']:.3f}x",
+             "speed": f"{r['speed_vs_mha']:.2f}x"} for r in result["rows"]]  # fmt: skip
+    title = (f"{result['model']}, {result['dtype']}, batch {result['batch']}, random weights, on {result['hardware']}"
+             f" (median of {result['repeats']} x {result['new_tokens']} decode steps)")  # fmt: skip
+    columns = {"technique": "technique", "context": "context", "kv": "KV bytes", "memory": "vs MHA",
+               "tokens_per_s": "decode tok/s", "speed": "vs MHA", "retrain": "retraining"}  # fmt: skip
+    return title + "\n" + format_table(rows, columns)

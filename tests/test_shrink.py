@@ -5,7 +5,7 @@ import torch
 
 from minillm import KVCache
 from minillm.cache import SlidingWindowCache
-from minillm.shrink import decode_tokens_per_s, kv_benchmark, streaming_loss, techniques, to_gqa
+from minillm.shrink import decode_tokens_per_s, gqa_heads, kv_benchmark, streaming_loss, techniques, to_gqa
 
 from .conftest import tiny_model
 
@@ -49,14 +49,19 @@ def test_benchmark_measures_every_technique_and_its_bytes():
     assert len(rows) == 2 * len(techniques())
     assert all(r["tokens_per_s"] > 0 for r in rows)
     base = by[("MHA (baseline)", 40)]["kv_bytes"]
-    assert by[("GQA (K/V heads / 4)", 40)]["kv_bytes"] * 4 == base
+    gqa = by[("GQA (about 1/4 of the K/V heads)", 40)]
+    assert gqa["kv_bytes"] * 2 == base and gqa["kv_heads"] == 2  # 4 heads: 2 is the divisor nearest 4 / 4 above 1
     assert by[("MQA (1 K/V head)", 40)]["kv_bytes"] * 4 == base
     assert by[("cross-layer, groups of 2", 40)]["kv_bytes"] * 2 == base
     assert by[("sliding window 8", 40)]["kv_bytes"] == by[("sliding window 8", 16)]["kv_bytes"] == base * 8 // 40
+
+
+def test_gqa_heads_picks_a_divisor_near_a_quarter():
+    assert [gqa_heads(h) for h in (32, 9, 8, 15, 7, 4, 2)] == [8, 3, 2, 3, 1, 2, 1]
 
 
 def test_decode_speed_leaves_a_contiguous_cache_at_its_context():
     model = tiny_model()
     cache = KVCache.for_model(model, 2, 64)
     assert decode_tokens_per_s(model, cache, 30, new_tokens=4, repeats=2) > 0
-    assert cache.length == 31  # context 30 + the warm-up step: every timed repeat was rolled back
+    assert cache.length == 30  # the warm-up and every timed repeat were rolled back
