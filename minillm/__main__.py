@@ -165,6 +165,23 @@ def cmd_bench_kv(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_decoding(args: argparse.Namespace) -> int:
+    from .decoding_bench import bench_decoding, format_decoding
+
+    if min(args.repeats, args.new_tokens, args.prompts, args.prompt_len, args.k) < 1:
+        raise CliError("--repeats, --new-tokens, --prompts, --prompt-len and --k must be positive integers")
+    device = parse_device(args.device) or default_device()
+    print(f"greedy, speculative, prompt lookup, lookahead and Medusa decoding of {args.target} ({device})...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    with bad_input():
+        result = bench_decoding(args.target, args.draft, args.prompts, args.prompt_len, args.new_tokens,
+                                args.repeats, args.k, device)  # fmt: skip
+    print(format_decoding(result))
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
 def check_bench_args(args: argparse.Namespace) -> None:
     """Fail in a second, not after minutes of measuring: counts, and prompts that fit the context."""
     if args.repeats < 1:
@@ -237,6 +254,47 @@ def cmd_train_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_gqa(args: argparse.Namespace) -> int:
+    from .hardware import hardware_description
+    from .shrink import uptrain_curves
+    from .train import encode_split
+
+    if args.steps < 1 or args.eval_every < 1:
+        raise CliError(f"--steps and --eval-every must be positive integers, got {args.steps} and {args.eval_every}")
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, tokenizer = load(DEFAULT_MODEL)
+    valid = encode_split(tokenizer, "valid")[: 24 * 128 + 1]
+    with bad_input():
+        curves = uptrain_curves(model, args.kv_heads, args.steps, args.eval_every, valid)
+    for n, curve in curves.items():
+        print(f"{n} K/V heads: perplexity " + " -> ".join(f"{ppl:.1f} (step {s})" for s, ppl in curve))
+    if args.json:
+        figures = {
+            "model": DEFAULT_MODEL,
+            "n_heads": model.config.n_heads,
+            "steps": args.steps,
+            "batch_size": 8,
+            "seq_len": 128,
+            "lr": 5e-4,
+            "valid_tokens": len(valid) - 1,
+            "hardware": hardware_description(),
+        }
+        write_json(args.json, {**figures, "curves": {str(n): c for n, c in curves.items()}})
+    return 0
+
+
+def cmd_train_medusa(args: argparse.Namespace) -> int:
+    from .medusa import MedusaTrainConfig, train_medusa
+
+    if args.steps < 1 or args.heads < 1:
+        raise CliError(f"--steps and --heads must be positive integers, got {args.steps} and {args.heads}")
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    with bad_input():
+        out = train_medusa(args.model, args.out, MedusaTrainConfig(n_heads=args.heads, steps=args.steps))
+    print(f"Medusa heads written to {out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # The parser
 
@@ -293,6 +351,19 @@ def add_bench(commands) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_kv)
+    p = kinds.add_parser("decoding", help="speculative, prompt lookup, lookahead, Medusa vs plain greedy decoding")
+    p.add_argument("--target", default=DEFAULT_MODEL, help=f"the model (default: {DEFAULT_MODEL})")
+    p.add_argument(
+        "--draft", default="minillm-draft", help="draft model of speculative decoding (default: minillm-draft)"
+    )
+    p.add_argument("--k", type=int, default=4, help="draft tokens per round (default: 4)")
+    p.add_argument("--prompts", type=int, default=4, help="corpus prompts, one run each (default: 4)")
+    p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt (default: 64)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (default: 128)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after a warmup (default: 3)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.set_defaults(handler=cmd_bench_decoding)
 
 
 def add_train(commands) -> None:
@@ -305,6 +376,19 @@ def add_train(commands) -> None:
     model.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the bundled recipe)")
     model.add_argument("--out", type=Path, default=None, help="output directory (default: minillm/bundled/NAME)")
     model.set_defaults(handler=cmd_train_model)
+    medusa = what.add_parser("medusa", help="Medusa heads on a frozen model, from text it generates (2 threads)")
+    medusa.add_argument("--model", default=DEFAULT_MODEL, help=f"the base model (default: {DEFAULT_MODEL})")
+    medusa.add_argument("--heads", type=int, default=4, help="extra heads (default: 4)")
+    medusa.add_argument("--steps", type=int, default=300, help="optimizer steps (default: 300)")
+    medusa.add_argument("--out", type=Path, default=None, help="output directory (default: beside the model)")
+    medusa.set_defaults(handler=cmd_train_medusa)
+    gqa = what.add_parser("gqa", help="uptrain the bundled target converted to GQA and MQA; perplexity curves")
+    gqa.add_argument("--kv-heads", type=int, nargs="+", default=[8, 2, 1],
+                     help="K/V head counts; the model's own is the control (default: 8 2 1)")  # fmt: skip
+    gqa.add_argument("--steps", type=int, default=200, help="optimizer steps each (default: 200)")
+    gqa.add_argument("--eval-every", type=int, default=25, help="steps between evaluations (default: 25)")
+    gqa.add_argument("--json", type=Path, default=None, help="also write the curves to this JSON file")
+    gqa.set_defaults(handler=cmd_train_gqa)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -54,14 +54,31 @@ def to_gqa(model: Transformer, n_kv_heads: int) -> Transformer:
 
 
 def uptrain(model: Transformer, steps: int, seq_len: int = 128, batch_size: int = 8, lr: float = 5e-4,
-            seed: int = 0, progress: bool = False) -> dict:  # fmt: skip
-    """A short continued pretraining on the bundled corpus (the GQA paper's "uptraining")."""
+            seed: int = 0, valid_ids: torch.Tensor | None = None, eval_every: int | None = None,
+            progress: bool = False) -> dict:  # fmt: skip
+    """A short continued pretraining on the bundled corpus (the GQA paper's "uptraining").
+    Returns fit's log; with ``valid_ids``, the validation loss every ``eval_every`` steps."""
     from .train import TrainConfig, encode_split, fit, load_tokenizer
 
     ids = encode_split(load_tokenizer(), "train")
     tc = TrainConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, warmup=max(1, steps // 10),
-                     eval_every=steps, seed=seed)  # fmt: skip
-    return fit(model, tc, ids, None, progress)
+                     eval_every=eval_every or steps, seed=seed)  # fmt: skip
+    return fit(model, tc, ids, valid_ids, progress)
+
+
+def uptrain_curves(model: Transformer, kv_heads: Sequence[int], steps: int, eval_every: int, valid_ids: torch.Tensor,
+                   progress: bool = True, **options) -> dict:  # fmt: skip
+    """Validation perplexity during uptraining of each K/V-head count (the model's own count is the
+    control: the same extra training without the conversion). {n_kv_heads: [(step, ppl), ...]}."""
+    from .train import evaluate
+
+    curves = {}
+    for n in kv_heads:
+        variant = to_gqa(model, n)
+        start = evaluate(variant, valid_ids, options.get("seq_len", 128))
+        log = uptrain(variant, steps, valid_ids=valid_ids, eval_every=eval_every, progress=progress, **options)
+        curves[n] = [(0, math.exp(start))] + [(s, math.exp(loss)) for s, loss in log["valid_loss"]]
+    return curves
 
 
 @torch.inference_mode()

@@ -6,6 +6,14 @@ One module per chapter; this package re-exports them all, so a notebook may writ
 
 from .base import CheckFailed, close, passed, require
 from .generation import check_greedy_generate, check_softmax_with_temperature, check_top_p
+from .kv import (
+    check_kv_cache_bytes,
+    check_kv_update,
+    check_quantize_int8,
+    check_repeat_kv,
+    check_ring_slots,
+    check_users_that_fit,
+)
 from .metrics import check_cost_per_million, check_goodput, check_percentile, check_request_latencies
 from .roofline import check_decode_upper_bound, check_matmul_intensity, check_roofline_point
 
@@ -15,12 +23,18 @@ __all__ = [
     "check_decode_upper_bound",
     "check_goodput",
     "check_greedy_generate",
+    "check_kv_cache_bytes",
+    "check_kv_update",
     "check_matmul_intensity",
     "check_percentile",
+    "check_quantize_int8",
+    "check_repeat_kv",
     "check_request_latencies",
+    "check_ring_slots",
     "check_roofline_point",
     "check_softmax_with_temperature",
     "check_top_p",
+    "check_users_that_fit",
     "close",
     "passed",
     "require",
