@@ -182,6 +182,30 @@ def cmd_bench_decoding(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_batching(args: argparse.Namespace) -> int:
+    from .bench_batching import bench_batching, check_goals, format_batching
+
+    counts = (args.requests, args.max_batch, args.prefix_requests, args.system_len, args.prompt_median,
+              args.output_median)  # fmt: skip
+    if min(counts) < 1 or args.rate <= 0:
+        raise CliError("--requests, --max-batch, --prefix-requests, --system-len, --prompt-median, --output-median "
+                       "and --rate must be positive")  # fmt: skip
+    device = parse_device(args.device) or default_device()
+    with bad_input():
+        model, _ = load(args.model, device=device)
+    print(f"static vs continuous batching, KV waste, prefix cache on {args.model} ({device})...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    with bad_input():
+        figures = bench_batching(model, args.requests, args.rate, args.max_batch, args.prompt_median,
+                                 args.output_median, prefix_requests=args.prefix_requests,
+                                 system_len=args.system_len, progress=not args.no_progress)  # fmt: skip
+    figures["goals"] = check_goals(figures)
+    print(format_batching(figures))
+    if args.json:
+        write_json(args.json, figures)
+    return 0
+
+
 def check_bench_args(args: argparse.Namespace) -> None:
     """Fail in a second, not after minutes of measuring: counts, and prompts that fit the context."""
     if args.repeats < 1:
@@ -286,11 +310,12 @@ def cmd_train_gqa(args: argparse.Namespace) -> int:
 def cmd_train_medusa(args: argparse.Namespace) -> int:
     from .medusa import MedusaTrainConfig, train_medusa
 
-    if args.steps < 1 or args.heads < 1:
-        raise CliError(f"--steps and --heads must be positive integers, got {args.steps} and {args.heads}")
+    if min(args.steps, args.heads, args.sequences) < 1:
+        raise CliError("--steps, --heads and --sequences must be positive integers")
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     with bad_input():
-        out = train_medusa(args.model, args.out, MedusaTrainConfig(n_heads=args.heads, steps=args.steps))
+        config = MedusaTrainConfig(n_heads=args.heads, steps=args.steps, n_sequences=args.sequences)
+        out = train_medusa(args.model, args.out, config)
     print(f"Medusa heads written to {out}")
     return 0
 
@@ -364,6 +389,23 @@ def add_bench(commands) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_decoding)
+    add_bench_batching(kinds)
+
+
+def add_bench_batching(kinds) -> None:
+    p = kinds.add_parser("batching", help="static vs continuous batching, paged KV waste, prefix-cache TTFT")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"the model (default: {DEFAULT_MODEL})")
+    p.add_argument("--requests", type=int, default=128, help="requests in the workload (default: 128)")
+    p.add_argument("--rate", type=float, default=1000.0, help="Poisson arrivals per second (default: 1000)")
+    p.add_argument("--max-batch", type=int, default=16, help="sequences per step at most (default: 16)")
+    p.add_argument("--prompt-median", type=float, default=64, help="median prompt tokens (default: 64)")
+    p.add_argument("--output-median", type=float, default=64, help="median output tokens (default: 64)")
+    p.add_argument("--prefix-requests", type=int, default=8, help="requests sharing a system prompt (default: 8)")
+    p.add_argument("--system-len", type=int, default=512, help="system prompt tokens (default: 512)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.set_defaults(handler=cmd_bench_batching)
 
 
 def add_train(commands) -> None:
@@ -380,6 +422,7 @@ def add_train(commands) -> None:
     medusa.add_argument("--model", default=DEFAULT_MODEL, help=f"the base model (default: {DEFAULT_MODEL})")
     medusa.add_argument("--heads", type=int, default=4, help="extra heads (default: 4)")
     medusa.add_argument("--steps", type=int, default=300, help="optimizer steps (default: 300)")
+    medusa.add_argument("--sequences", type=int, default=384, help="self-generated training texts (default: 384)")
     medusa.add_argument("--out", type=Path, default=None, help="output directory (default: beside the model)")
     medusa.set_defaults(handler=cmd_train_medusa)
     gqa = what.add_parser("gqa", help="uptrain the bundled target converted to GQA and MQA; perplexity curves")
