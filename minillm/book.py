@@ -8,10 +8,12 @@ below it can say where it came from.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -86,3 +88,14 @@ def setup(seed: int = 0, device: str | None = None, scale: str | None = None, qu
         print(f"{ctx.hardware} | {str(dtype).removeprefix('torch.')} | scale={scale} | seed={seed} | "
               f"python {platform.python_version()}")  # fmt: skip
     return ctx
+
+
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+
+
+def saved_results(name: str, results_dir: Path | None = None) -> dict[str, dict]:
+    """Figures saved by the benchmark commands, ``results/<hardware>/<name>.json``, by hardware folder.
+
+    Empty when the package is installed without the repository's results (e.g. pip on Colab)."""
+    root = Path(results_dir) if results_dir else RESULTS_DIR
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(root.glob(f"*/{name}.json"))}

@@ -94,7 +94,8 @@ def worked_examples() -> list[WorkedExample]:
         WorkedExample(
             "Llama-2-13B, batch 32, 2048 tokens, fp16", "about 54 GB",
             kv_cache_bytes(l13, 2048, 32, "fp16"), kv_cache_bytes(l13, 2048, 32, "fp16"),
-            "right: 40 layers x 5120 (MHA) x 2 (K, V) x 2 bytes = 0.82 MB per token",
+            f"right: {l13.n_layers} layers x {l13.n_kv_heads * l13.head_dim} (MHA) x 2 (K, V) x 2 bytes = "
+            f"{format_bytes(kv_bytes_per_token(l13, 'fp16'))} per token",
         ),
         WorkedExample(
             "Llama-2-70B, one request of 4096 tokens, fp16", "about 5.2 GB",

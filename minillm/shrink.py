@@ -187,7 +187,7 @@ def kv_benchmark(config: ModelConfig, contexts: Sequence[int] = (256, 1024, 4096
     spell of a shared machine hits them all alike; the median over rounds is reported.
     """
     chosen = chosen or techniques()
-    need = max(contexts) + new_tokens + 2
+    need = max(contexts) + new_tokens * repeats + 1  # caches that cannot roll back keep counting positions
     config = config.replace(max_seq_len=max(config.max_seq_len, need))
     models: dict[int, Transformer] = {}
     for tech in chosen:
@@ -257,3 +257,16 @@ def format_kv_bench(result: dict) -> str:
     columns = {"technique": "technique", "context": "context", "kv": "KV bytes", "memory": "vs MHA",
                "tokens_per_s": "decode tok/s", "speed": "vs MHA", "retrain": "retraining"}  # fmt: skip
     return title + "\n" + format_table(rows, columns)
+
+
+def summary_rows(bench_rows: Sequence[dict], perplexity: dict[str, float], baseline_ppl: float) -> list[dict]:
+    """One row per technique: memory saved and decode speed change (from ``kv_benchmark`` at its
+    longest context), perplexity change (from ``perplexity``, keyed by technique name), retraining."""
+    longest = max(r["context"] for r in bench_rows)
+    rows = [r for r in bench_rows if r["context"] == longest]
+    base = next(r for r in rows if r["technique"].startswith("MHA"))
+    return [{"technique": r["technique"], "memory saved": f"{1 - r['kv_bytes'] / base['kv_bytes']:.0%}",
+             "decode speed": f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
+             "perplexity": (f"{perplexity[r['technique']] - baseline_ppl:+.1f}" if r["technique"] in perplexity
+                            else "not measured"),
+             "retraining": r["retrain"]} for r in rows]  # fmt: skip
