@@ -39,7 +39,31 @@ def _check_sizes(**sizes: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-class KVCache:
+class SlotBuffers:
+    """K and V buffers of (layers, B, n_kv_heads, slots, head_dim) and the position held by each
+    slot (B, slots), -1 for empty: the storage every cache kind below is built on."""
+
+    def __init__(self, config: ModelConfig, batch_size: int, slots: int, dtype, device, n_layers: int | None = None):
+        self.config = config
+        shape = (n_layers or config.n_layers, batch_size, config.n_kv_heads, slots, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.positions = torch.full((batch_size, slots), -1, dtype=torch.long, device=device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def _check_batch(self, positions: Tensor) -> None:
+        if positions.shape[0] != self.batch_size:
+            raise ValueError(f"cache was built for batch size {self.batch_size}, got {positions.shape[0]}")
+
+
+class KVCache(SlotBuffers):
     """A contiguous cache preallocated for ``max_len`` tokens of ``batch_size`` sequences.
 
     k and v are (n_layers, B, n_kv_heads, max_len, head_dim) buffers, as in gpt-fast: no
@@ -60,16 +84,13 @@ class KVCache:
         device: str | torch.device = "cpu",
     ):
         _check_sizes(batch_size=batch_size, max_len=max_len)
-        self.config = config
-        self.k, self.v = self._buffers(config.n_layers, batch_size, max_len, dtype, device)
-        self.positions = torch.full((batch_size, max_len), -1, dtype=torch.long, device=device)
+        super().__init__(config, batch_size, max_len, dtype, device, self._stored_layers(config))
         self.max_len = max_len
         self.length = 0  # slots filled, the same for every row (rows are left-padded)
         self._start = 0  # first slot of the tokens being written
 
-    def _buffers(self, n_layers, batch_size, max_len, dtype, device) -> tuple[Tensor, Tensor]:
-        shape = (n_layers, batch_size, self.config.n_kv_heads, max_len, self.config.head_dim)
-        return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+    def _stored_layers(self, config: ModelConfig) -> int:
+        return config.n_layers
 
     @classmethod
     def for_model(cls, model, batch_size: int, max_len: int | None = None, **options):
@@ -77,18 +98,9 @@ class KVCache:
         max_len = max_len or model.config.max_seq_len
         return cls(model.config, batch_size, max_len, dtype=model.dtype, device=model.device, **options)
 
-    @property
-    def batch_size(self) -> int:
-        return self.positions.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
     def reserve(self, positions: Tensor) -> Tensor:
-        B, T = positions.shape
-        if self.batch_size != B:
-            raise ValueError(f"cache was built for batch size {self.batch_size}, got {B}")
+        self._check_batch(positions)
+        T = positions.shape[1]
         if self.length + T > self.max_len:
             raise CacheFullError(
                 f"KV cache full: {self.length} of {self.max_len} slots used, cannot write {T} more tokens"
@@ -139,8 +151,8 @@ class CrossLayerKVCache(KVCache):
         self.group = group
         super().__init__(config, batch_size, max_len, dtype, device)
 
-    def _buffers(self, n_layers, batch_size, max_len, dtype, device):
-        return super()._buffers(-(-n_layers // self.group), batch_size, max_len, dtype, device)
+    def _stored_layers(self, config: ModelConfig) -> int:
+        return -(-config.n_layers // self.group)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         owner, e = layer // self.group, self.length
@@ -205,7 +217,7 @@ class QuantizedKVCache(KVCache):
         super().keep_slots(start, slots)
 
 
-class SlidingWindowCache:
+class SlidingWindowCache(SlotBuffers):
     """A ring buffer holding the last ``window`` (+ ``slack``) tokens: memory fixed, however long
     the sequence. Token number n (counting every token written) lives in slot n % capacity.
 
@@ -223,12 +235,8 @@ class SlidingWindowCache:
         _check_sizes(batch_size=batch_size, window=window)
         if not isinstance(slack, int) or slack < 0:
             raise ValueError(f"slack must be a non-negative integer, got {slack!r}")
-        self.config, self.window, self.slack = config, window, slack
-        self.capacity = window + slack
-        shape = (config.n_layers, batch_size, config.n_kv_heads, self.capacity, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.positions = torch.full((batch_size, self.capacity), -1, dtype=torch.long, device=device)
+        super().__init__(config, batch_size, window + slack, dtype, device)
+        self.window, self.slack, self.capacity = window, slack, window + slack
         self.length = 0  # tokens written so far
         self._direct = True
         self._slots = torch.empty(0, dtype=torch.long)
@@ -238,19 +246,9 @@ class SlidingWindowCache:
     def for_model(cls, model, batch_size: int, window: int, slack: int = 0) -> SlidingWindowCache:
         return cls(model.config, batch_size, window, model.dtype, model.device, slack)
 
-    @property
-    def batch_size(self) -> int:
-        return self.positions.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
     def reserve(self, positions: Tensor) -> Tensor:
-        B, T = positions.shape
-        if self.batch_size != B:
-            raise ValueError(f"cache was built for batch size {self.batch_size}, got {B}")
-        C = self.capacity
+        self._check_batch(positions)
+        T, C = positions.shape[1], self.capacity
         # Writing first is safe when the tokens it overwrites are out of every new query's window.
         self._direct = T + self.window - 1 <= C
         self._keep = min(T, C)  # the last tokens of the chunk that stay in the ring
@@ -287,7 +285,7 @@ class SlidingWindowCache:
         self.length = length
 
 
-class SelectiveKVCache:
+class SelectiveKVCache(SlotBuffers):
     """At most ``budget`` tokens, chosen by a policy; the others are evicted for good.
 
     - ``policy="recent"``: the first ``n_sink`` tokens (attention sinks) and the most recent.
@@ -320,13 +318,9 @@ class SelectiveKVCache:
         n_recent = budget // 2 if n_recent is None else n_recent
         if n_sink < 0 or n_recent < 0 or n_sink + n_recent > budget:
             raise ValueError(f"need 0 <= n_sink + n_recent <= budget, got {n_sink} + {n_recent} > {budget}")
-        self.config, self.budget, self.policy = config, budget, policy
-        self.n_sink, self.n_recent = n_sink, n_recent
+        super().__init__(config, batch_size, budget, dtype, device)
+        self.budget, self.policy, self.n_sink, self.n_recent = budget, policy, n_sink, n_recent
         self.wants_attention = policy == "heavy"
-        shape = (config.n_layers, batch_size, config.n_kv_heads, budget, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.positions = torch.full((batch_size, budget), -1, dtype=torch.long, device=device)
         self.scores = torch.zeros(batch_size, budget, dtype=torch.float32, device=device)
         self.length = 0  # tokens seen
         self.used = 0  # slots holding a token
@@ -339,18 +333,9 @@ class SelectiveKVCache:
     def for_model(cls, model, batch_size: int, budget: int, **options) -> SelectiveKVCache:
         return cls(model.config, batch_size, budget, model.dtype, model.device, **options)
 
-    @property
-    def batch_size(self) -> int:
-        return self.positions.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
     def reserve(self, positions: Tensor) -> Tensor:
+        self._check_batch(positions)
         B, T = positions.shape
-        if self.batch_size != B:
-            raise ValueError(f"cache was built for batch size {self.batch_size}, got {B}")
         self.compress()
         self.length += T
         if self.used + T <= self.budget:  # room: write into free slots, as a contiguous cache would
