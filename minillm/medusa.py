@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -190,15 +191,61 @@ def longest_accepted_path(accepts: Tensor, tree: MedusaTree) -> list[int]:
 # Decoding
 
 
-@dataclass
-class MedusaState:
-    logits: Tensor  # (V,) the base model's next-token logits after the last token
-    head_logits: Tensor  # (K, V) the heads' guesses for the tokens after that
+class MedusaDecoder:
+    """The base model, its heads, the candidate tree and the KV cache; one ``step`` per forward.
+
+    The cache holds every token but the last (the root of the next tree); ``head_logits`` (K, V)
+    are the heads' guesses for the tokens after the root.
+    """
+
+    def __init__(self, model: Transformer, heads: MedusaHeads, tree: MedusaTree, cache: KVCache,
+                 accepts: Callable[[Tensor, Tensor], Tensor]):  # fmt: skip
+        self.model, self.heads, self.tree, self.cache, self.accepts = model, heads, tree, cache, accepts
+        self.mask = tree.attention_mask().to(model.device)  # (N, N)
+        self.head_logits: Tensor | None = None
+
+    def prefill(self, prompt: list[int]) -> Tensor:
+        """Run the prompt; return the next-token logits (V,)."""
+        ids = torch.tensor([prompt], device=self.model.device)
+        logits, hidden = self.model(ids, cache=self.cache, last_only=True, return_hidden=True)
+        self.head_logits = self.heads(hidden[0, -1], self.model.lm_head)  # (K, V)
+        return logits[0, -1]
+
+    def step(self, root: int) -> tuple[list[int], Tensor]:
+        """One forward over the tree below ``root``; keep the accepted path in the cache.
+        Returns the accepted candidate tokens and the next-token logits (V,) after them."""
+        tokens = self.tree.tokens(root, self.head_logits).to(self.model.device)  # (N,)
+        start = self.cache.length
+        positions = (start + self.tree.depths)[None].to(self.model.device)  # (1, N): prefix length + depth
+        logits, hidden = self.model(tokens[None], positions, self.cache, tree_mask=self.mask, return_hidden=True)
+        path = longest_accepted_path(self.accepts(tokens, logits[0]), self.tree)  # node ids, root first
+        self.cache.keep_slots(start, [start + i for i in path])
+        last = path[-1]
+        self.head_logits = self.heads(hidden[0, last], self.model.lm_head)
+        return tokens[path[1:]].tolist(), logits[0, last]
 
 
-def read_heads(model: Transformer, heads: MedusaHeads, logits: Tensor, hidden: Tensor) -> MedusaState:
-    """State from one position's logits (V,) and hidden state (D,)."""
-    return MedusaState(logits, heads(hidden, model.lm_head))
+def acceptance_rule(acceptance: str, tree: MedusaTree, params: SamplingParams, epsilon: float,
+                    delta: float) -> Callable[[Tensor, Tensor], Tensor]:  # fmt: skip
+    """(tokens (N,), logits (N, V)) -> which nodes pass, for "greedy" or "typical" acceptance."""
+    if acceptance == "greedy":
+        return lambda tokens, logits: greedy_accepts(tokens, logits, tree)
+    if acceptance == "typical":
+        if params.greedy:
+            raise ValueError(
+                "typical acceptance samples: give a temperature > 0 (greedy acceptance is the greedy mode)"
+            )
+        return lambda tokens, logits: typical_accepts(tokens, logits, tree, params, epsilon, delta)
+    raise ValueError(f"acceptance must be 'greedy' or 'typical', got {acceptance!r}")
+
+
+def check_fits(prompt: list[int], max_new_tokens: int, tree: MedusaTree, heads: MedusaHeads, config) -> None:
+    check_request([prompt], max_new_tokens, config)
+    if tree.depth > heads.n_heads:
+        raise ValueError(f"the tree is {tree.depth} levels deep but there are only {heads.n_heads} heads")
+    if len(prompt) + max_new_tokens + len(tree) > config.max_seq_len:
+        raise ValueError(f"prompt of {len(prompt)} + {max_new_tokens} new tokens + a tree of {len(tree)} exceeds "
+                         f"max_seq_len={config.max_seq_len}; use a smaller tree or fewer tokens")  # fmt: skip
 
 
 @torch.inference_mode()
@@ -208,37 +255,26 @@ def medusa_generate(model: Transformer, heads: MedusaHeads, input_ids, max_new_t
                     seed: int | None = None, epsilon: float = 0.09, delta: float = 0.3,
                     eos_token_id="config") -> DecodingResult:  # fmt: skip
     """Medusa decoding with tree verification. ``acceptance="greedy"`` is lossless (the tokens of
-    greedy ``generate``); ``"typical"`` samples with ``temperature`` and is not (see the module)."""
+    greedy ``generate``); ``"typical"`` samples with ``temperature`` and is not (see the module).
+    ``tree``: a MedusaTree, or top-k per head for ``MedusaTree.product``."""
     tree = tree if isinstance(tree, MedusaTree) else MedusaTree.product(tuple(tree))
-    if acceptance not in ("greedy", "typical"):
-        raise ValueError(f"acceptance must be 'greedy' or 'typical', got {acceptance!r}")
-    if tree.depth > heads.n_heads:
-        raise ValueError(f"the tree is {tree.depth} levels deep but there are only {heads.n_heads} heads")
     params = SamplingParams(temperature, top_k, top_p, seed)
-    if acceptance == "typical" and params.greedy:
-        raise ValueError("typical acceptance samples: give a temperature > 0 (greedy acceptance is the greedy mode)")
+    accepts = acceptance_rule(acceptance, tree, params, epsilon, delta)
     prompt = single_prompt(input_ids)
-    check_request([prompt], max_new_tokens, model.config)
+    check_fits(prompt, max_new_tokens, tree, heads, model.config)
     eos, generator = set(resolve_eos(eos_token_id, model.config)), params.generator(model.device)
-    stats, mask = DecodingStats(tree.depth), tree.attention_mask().to(model.device)
+    stats = DecodingStats(tree.depth, target_forwards=1)  # the prefill makes the first token
     synchronize(model.device)
     t0 = time.perf_counter()
     cache = KVCache.for_model(model, 1, len(prompt) + max_new_tokens + len(tree))
-    logits, hidden = model(torch.tensor([prompt], device=model.device), cache=cache, last_only=True,
-                           return_hidden=True)  # fmt: skip
-    state = read_heads(model, heads, logits[0, -1], hidden[0, -1])
-    pending = next_token(state.logits, params, generator)
-    new = [pending]
-    while len(new) < max_new_tokens and pending not in eos:
-        path, state = verify_tree(model, heads, cache, tree, mask, pending, state.head_logits,
-                                  acceptance, params, epsilon, delta)  # fmt: skip
-        pending = next_token(state.logits, params, generator)
-        emitted = stop_at_eos(path + [pending], eos)[: max_new_tokens - len(new)]
-        stats.record(tree.depth, len(path), len(emitted))
+    decoder = MedusaDecoder(model, heads, tree, cache, accepts)
+    new = [next_token(decoder.prefill(prompt), params, generator)]
+    while len(new) < max_new_tokens and new[-1] not in eos:
+        accepted, logits = decoder.step(new[-1])
+        emitted = stop_at_eos(accepted + [next_token(logits, params, generator)], eos)[: max_new_tokens - len(new)]
+        stats.record(tree.depth, len(accepted), len(emitted))
         new += emitted
-        pending = new[-1]
     stats.new_tokens = len(new)
-    stats.target_forwards += 1  # the prefill made the first token
     synchronize(model.device)
     return DecodingResult(torch.tensor([new]), stats, time.perf_counter() - t0)
 
@@ -247,25 +283,6 @@ def next_token(logits: Tensor, params: SamplingParams, generator) -> int:
     if params.greedy:
         return int(logits.argmax())
     return int(torch.multinomial(filter_logits(logits, params).softmax(-1), 1, generator=generator))
-
-
-def verify_tree(model, heads, cache, tree, mask, pending, head_logits, acceptance, params, epsilon,
-                delta) -> tuple[list[int], MedusaState]:  # fmt: skip
-    """One forward over the tree rooted at ``pending``; keep the accepted path in the cache.
-    Returns the accepted candidate tokens (the root excluded) and the state after them."""
-    tokens = tree.tokens(pending, head_logits)  # (N,)
-    start = cache.length
-    positions = (start + tree.depths)[None].to(model.device)  # (1, N) prefix length + depth
-    logits, hidden = model(tokens[None].to(model.device), positions, cache, tree_mask=mask, return_hidden=True)
-    logits, hidden = logits[0], hidden[0]  # (N, V), (N, D)
-    if acceptance == "greedy":
-        accepts = greedy_accepts(tokens, logits, tree)
-    else:
-        accepts = typical_accepts(tokens, logits, tree, params, epsilon, delta)
-    path = longest_accepted_path(accepts, tree)
-    cache.keep_slots(start, [start + i for i in path])
-    last = path[-1]
-    return tokens[path[1:]].tolist(), read_heads(model, heads, logits[last], hidden[last])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ typical acceptance, the heads (zero init, save/load, targets, training), and the
 import pytest
 import torch
 
-from minillm import generate, load
+from minillm import KVCache, generate, load
 from minillm.checkpoints import BUNDLED_DIR
 from minillm.medusa import (
     HEADS_FILE,
@@ -49,6 +49,21 @@ def test_tree_mask_is_exactly_the_ancestors(tree):
     for i, pi in enumerate(tree.paths):
         for j, pj in enumerate(tree.paths):
             assert bool(mask[i, j]) == (pi[: len(pj)] == pj), (pi, pj)
+
+
+def test_tree_forward_equals_each_path_run_alone():
+    """Through the model: each node's logits under the tree mask and tree positions are those of
+    its own path run after the prefix without the rest of the tree."""
+    model, tree = tiny_model(), MedusaTree(SPARSE)
+    prefix = random_prompt(7, 0)
+    tokens = torch.randint(0, 97, (len(tree),), generator=torch.Generator().manual_seed(1))
+    cache = KVCache.for_model(model, 1, 64)
+    model(torch.tensor([prefix]), cache=cache)
+    logits = model(tokens[None], (len(prefix) + tree.depths)[None], cache, tree_mask=tree.attention_mask())[0]
+    for i in range(len(tree)):
+        path = [j for j in range(len(tree)) if tree.paths[i][: len(tree.paths[j])] == tree.paths[j]]
+        alone = model(torch.tensor([prefix + tokens[path].tolist()]))[0, -1]
+        torch.testing.assert_close(logits[i], alone, atol=1e-5, rtol=1e-5)
 
 
 def test_product_tree_sizes_and_depths():
