@@ -67,7 +67,7 @@ def decoding_methods(target: Transformer, draft: Transformer, heads: MedusaHeads
         "lookahead (W=5, N=4, G=5)": lambda p: of(lookahead_generate(target, p, new_tokens, eos_token_id=None)),
     }
     if heads is not None:
-        methods["medusa (greedy, tree 4x3x2x2)"] = lambda p: of(medusa_generate(target, heads, p, new_tokens,
+        methods["medusa (greedy, tree 3x2x1)"] = lambda p: of(medusa_generate(target, heads, p, new_tokens,
                                                                                 eos_token_id=None))  # fmt: skip
     return methods
 

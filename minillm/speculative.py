@@ -138,6 +138,20 @@ def accept_draft_tokens(
     return n, draw(dist, generator)
 
 
+def expected_tokens_per_forward(alpha: float, k: int) -> float:
+    """(1 - alpha^(k+1)) / (1 - alpha): tokens per target forward when each proposal is accepted
+    independently with probability alpha (Leviathan et al. 2023, eq. 1); k + 1 when alpha = 1."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be a probability, got {alpha!r}")
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Expected speedup over plain decoding when a draft forward costs ``cost_ratio`` target forwards
+    and verifying k + 1 tokens costs one: tokens per forward / (k * cost_ratio + 1) (their theorem 3.8)."""
+    return expected_tokens_per_forward(alpha, k) / (k * cost_ratio + 1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Drafters
 

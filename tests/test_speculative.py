@@ -19,6 +19,8 @@ from minillm import speculative as spec
 from minillm.speculative import (
     DecodingStats,
     accept_draft_tokens,
+    expected_speedup,
+    expected_tokens_per_forward,
     lookup_continuation,
     prompt_lookup_generate,
     speculative_generate,
@@ -117,6 +119,17 @@ def test_rule_rejects_impossible_token_and_resamples_from_the_residual():
         assert (n, token) in {(1, 0), (1, 1), (1, 2), (1, 3), (0, 2)}  # rejected: only the residual's token 2
         counts[token if n == 0 else 0] += n == 0
     assert 150 < counts[2] < 250  # rejected about half the time
+
+
+def test_expected_tokens_per_forward_matches_a_simulation():
+    assert expected_tokens_per_forward(0.0, 4) == 1.0 and expected_tokens_per_forward(1.0, 4) == 5.0
+    gen = torch.Generator().manual_seed(0)
+    accepted = torch.rand(100_000, 4, generator=gen) < 0.6  # i.i.d. acceptance of 4 proposals
+    tokens = accepted.int().cumprod(dim=1).sum(dim=1) + 1  # accepted prefix + the target's own token
+    assert abs(tokens.float().mean().item() - expected_tokens_per_forward(0.6, 4)) < 0.02
+    assert expected_speedup(0.6, 4, cost_ratio=0.1) == pytest.approx(expected_tokens_per_forward(0.6, 4) / 1.4)
+    with pytest.raises(ValueError, match="alpha"):
+        expected_tokens_per_forward(1.5, 4)
 
 
 def test_lookup_continuation_takes_the_longest_then_latest_match():
