@@ -186,10 +186,10 @@ def cmd_bench_batching(args: argparse.Namespace) -> int:
     from .bench_batching import bench_batching, check_goals, format_batching
 
     counts = (args.requests, args.max_batch, args.prefix_requests, args.system_len, args.prompt_median,
-              args.output_median)  # fmt: skip
+              args.output_median, args.repeats)  # fmt: skip
     if min(counts) < 1 or args.rate <= 0:
-        raise CliError("--requests, --max-batch, --prefix-requests, --system-len, --prompt-median, --output-median "
-                       "and --rate must be positive")  # fmt: skip
+        raise CliError("--requests, --max-batch, --prefix-requests, --system-len, --prompt-median, --output-median, "
+                       "--repeats and --rate must be positive")  # fmt: skip
     device = parse_device(args.device) or default_device()
     with bad_input():
         model, _ = load(args.model, device=device)
@@ -198,7 +198,8 @@ def cmd_bench_batching(args: argparse.Namespace) -> int:
     with bad_input():
         figures = bench_batching(model, args.requests, args.rate, args.max_batch, args.prompt_median,
                                  args.output_median, prefix_requests=args.prefix_requests,
-                                 system_len=args.system_len, progress=not args.no_progress)  # fmt: skip
+                                 system_len=args.system_len, repeats=args.repeats,
+                                 progress=not args.no_progress)  # fmt: skip
     figures["goals"] = check_goals(figures)
     print(format_batching(figures))
     if args.json:
@@ -402,6 +403,7 @@ def add_bench_batching(kinds) -> None:
     p.add_argument("--output-median", type=float, default=64, help="median output tokens (default: 64)")
     p.add_argument("--prefix-requests", type=int, default=8, help="requests sharing a system prompt (default: 8)")
     p.add_argument("--system-len", type=int, default=512, help="system prompt tokens (default: 512)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each batching policy, taking turns (default: 3)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")

@@ -92,7 +92,8 @@ class Engine:
         self.padding_rows = 0  # rows of finished sequences that static batches carried
         self._pending: list[tuple[float, int, Request]] = []  # heap by arrival
         self._generators: dict[int, torch.Generator | None] = {}
-        self._outputs: dict[int, RequestOutput] = {}
+        self.outputs: dict[int, RequestOutput] = {}  # finished requests by id
+        self._ids: set[int] = set()  # every request id ever added
         self._next_id = 0
 
     # -- requests in ---------------------------------------------------------------------------
@@ -116,8 +117,9 @@ class Engine:
         self.check(request)
         if request.id is None:
             request.id = self._next_id
-        if request.id in self._outputs or any(r.id == request.id for _, _, r in self._pending):
+        if request.id in self._ids:
             raise ValueError(f"a request with id {request.id} was already added")
+        self._ids.add(request.id)
         self._next_id = max(self._next_id, request.id) + 1
         heapq.heappush(self._pending, (request.arrival, request.id, request))
         return request.id
@@ -211,8 +213,8 @@ class Engine:
     def _output(self, seq: Sequence) -> RequestOutput:
         r = seq.request
         metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
-        self._outputs[r.id] = RequestOutput(r, seq.outputs, metrics, seq.preemptions)
-        return self._outputs[r.id]
+        self.outputs[r.id] = RequestOutput(r, seq.outputs, metrics, seq.preemptions)
+        return self.outputs[r.id]
 
     def _wait(self) -> None:
         """Nothing to run: jump the clock to the next arrival or batching timeout."""
@@ -236,7 +238,7 @@ class Engine:
         while self.unfinished:
             bar.update(len(self.step()))
         bar.close()
-        return [self._outputs[i] for i in ids]
+        return [self.outputs[i] for i in ids]
 
     def stats(self) -> dict[str, int]:
         """Counters over the engine's life: steps, tokens fed, preemptions, evictions, copy-on-write copies,

@@ -109,7 +109,7 @@ def test_a_request_that_can_never_fit_fails_clearly_and_the_others_are_served_on
     outputs = engine.run(good[2:])
     assert [o.request.id for o in outputs] == [2, 3]
     assert [o.tokens for o in outputs] == [alone(r) for r in good[2:]]
-    assert set(engine._outputs) == {0, 1, 2, 3}
+    assert set(engine.outputs) == {0, 1, 2, 3}
     with pytest.raises(ValueError, match="already added"):
         engine.add_request(good[0])
 
@@ -187,8 +187,8 @@ def test_bench_batching_cli(tmp_path, capsys):
 
     out = tmp_path / "bench.json"
     status = main(["bench", "batching", "--requests", "6", "--max-batch", "3", "--prompt-median", "8",
-                   "--output-median", "6", "--prefix-requests", "3", "--system-len", "32", "--no-progress",
-                   "--json", str(out)])  # fmt: skip
+                   "--output-median", "6", "--prefix-requests", "3", "--system-len", "32", "--repeats", "1",
+                   "--no-progress", "--json", str(out)])  # fmt: skip
     assert status == 0
     text = capsys.readouterr().out
     assert "continuous / static" in text and "TTFT saving" in text and "block_size" in text
