@@ -14,6 +14,7 @@ after a warmup, and the figures are medians over the repeats.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -134,6 +135,7 @@ def bench_decoding(target_name: str = "minillm-target", draft_name: str = "minil
     draft, _ = load(draft_dir, device=device)
     heads = MedusaHeads.load(target_dir, device=device) if (target_dir / CONFIG_FILE).is_file() else None
     prompts = realistic_prompts(tokenizer, n_prompts, prompt_len)
+    load_before = os.getloadavg()[0]  # other work on the machine skews timings: say how much there was
     timed = time_methods(decoding_methods(target, draft, heads, new_tokens, k), prompts, repeats, target.device)
     costs, base = extra_costs(target_dir, draft, draft_dir, heads), timed["greedy"]
     rows = []
@@ -151,6 +153,7 @@ def bench_decoding(target_name: str = "minillm-target", draft_name: str = "minil
             "dtype": str(target.dtype).removeprefix("torch."), "batch_size": 1, "n_prompts": n_prompts,
             "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
             "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
             "prompt_source": "corpus text (validation split)", "rows": rows}  # fmt: skip
 
 
