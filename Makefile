@@ -36,7 +36,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check minillm kernels tests
 
 test: lint
-	$(PY) -m pytest -n $(NPROC) --dist loadfile -q tests chapters solutions --nbval-lax
+	MINILLM_THREADS=1 $(PY) -m pytest -n $(NPROC) --dist loadfile -q tests chapters solutions --nbval-lax
 
 bench: setup
 	$(PY) -m minillm bench generate

@@ -73,8 +73,20 @@ def set_plot_style() -> None:
     })  # fmt: skip
 
 
+def set_threads_from_env() -> None:
+    """MINILLM_THREADS=n caps PyTorch's CPU threads. Notebooks run side by side (the test suite
+    runs two at once on two cores) must not each take every core: oversubscribed, PyTorch's
+    worker threads wait on each other and a decode step gets tens of times slower."""
+    threads = os.environ.get("MINILLM_THREADS")
+    if threads:
+        if not threads.isdigit() or int(threads) < 1:
+            raise ValueError(f"MINILLM_THREADS must be a positive integer, got {threads!r}")
+        torch.set_num_threads(int(threads))
+
+
 def setup(seed: int = 0, device: str | None = None, scale: str | None = None, quiet: bool = False) -> BookContext:
     """Detect the device, pick the scale, seed everything, set the plot style, print one line."""
+    set_threads_from_env()
     dev = torch.device(device) if device else best_device()
     scale = scale or default_scale(dev)
     if scale not in SCALES:
