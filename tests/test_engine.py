@@ -4,6 +4,7 @@ caching and copy-on-write all happening (the counters prove they did); no block 
 request lost or duplicated; the latency figures follow the clock."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -77,7 +78,7 @@ def test_static_and_dynamic_batching_give_the_same_tokens(policy):
     assert_no_leak(engine)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(policy=st.sampled_from(["static", "dynamic", "continuous"]), budget=st.sampled_from([None, 4, 9]),
        block_size=st.sampled_from([1, 2, 4]), prefix_caching=st.booleans(), seed=st.integers(0, 10**4),
        n=st.integers(1, 7))  # fmt: skip
@@ -180,6 +181,12 @@ def test_progress_bar_when_asked(capsys):
     assert capsys.readouterr().err == ""
     make_engine().run([Request(tokens(4, 0), 2)], progress=True)
     assert "1/1" in capsys.readouterr().err
+
+
+def test_progress_without_tqdm_is_a_printed_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # as if tqdm were not installed
+    make_engine().run([Request(tokens(4, i), 2) for i in range(2)], progress=True)
+    assert "2/2 requests done" in capsys.readouterr().out
 
 
 def test_bench_batching_cli(tmp_path, capsys):
