@@ -24,7 +24,8 @@ def hardware_description(device: str | torch.device = "cpu") -> str:
         name = f"{torch.cuda.get_device_name(device)} (cuda), CUDA {torch.version.cuda}"
     else:
         name = f"{cpu_name()} ({device.type})"
-    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    n = torch.get_num_threads()
+    return f"{name}, {n} thread{'s' if n > 1 else ''}, torch {torch.__version__}"
 
 
 def best_device() -> torch.device:
