@@ -77,9 +77,10 @@ class MedusaHeads(nn.Module):
     def n_heads(self) -> int:
         return len(self.blocks)
 
-    def forward(self, hidden: Tensor, lm_head: nn.Linear) -> Tensor:
-        """hidden (..., D), the base model's final normed states -> logits (K, ..., V)."""
-        return torch.stack([lm_head(block(hidden)) for block in self.blocks])
+    def forward(self, hidden: Tensor, lm_head: nn.Linear, n: int | None = None) -> Tensor:
+        """hidden (..., D), the base model's final normed states -> logits (n, ..., V) of the first
+        n heads (all K by default). Each head costs a vocabulary projection: ask only for those used."""
+        return torch.stack([lm_head(block(hidden)) for block in self.blocks[:n]])
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -196,8 +197,8 @@ def longest_accepted_path(accepts: Tensor, tree: MedusaTree) -> list[int]:
 class MedusaDecoder:
     """The base model, its heads, the candidate tree and the KV cache; one ``step`` per forward.
 
-    The cache holds every token but the last (the root of the next tree); ``head_logits`` (K, V)
-    are the heads' guesses for the tokens after the root.
+    The cache holds every token but the last (the root of the next tree); ``head_logits`` (depth, V)
+    are the guesses, of as many heads as the tree is deep, for the tokens after the root.
     """
 
     def __init__(self, model: Transformer, heads: MedusaHeads, tree: MedusaTree, cache: KVCache,
@@ -210,7 +211,7 @@ class MedusaDecoder:
         """Run the prompt; return the next-token logits (V,)."""
         ids = torch.tensor([prompt], device=self.model.device)
         logits, hidden = self.model(ids, cache=self.cache, last_only=True, return_hidden=True)
-        self.head_logits = self.heads(hidden[0, -1], self.model.lm_head)  # (K, V)
+        self.head_logits = self.heads(hidden[0, -1], self.model.lm_head, self.tree.depth)  # (depth, V)
         return logits[0, -1]
 
     def step(self, root: int) -> tuple[list[int], Tensor]:
@@ -223,7 +224,7 @@ class MedusaDecoder:
         path = longest_accepted_path(self.accepts(tokens, logits[0]), self.tree)  # node ids, root first
         self.cache.keep_slots(start, [start + i for i in path])
         last = path[-1]
-        self.head_logits = self.heads(hidden[0, last], self.model.lm_head)
+        self.head_logits = self.heads(hidden[0, last], self.model.lm_head, self.tree.depth)
         return tokens[path[1:]].tolist(), logits[0, last]
 
 

@@ -151,10 +151,10 @@ class CycleModel(MarkovModel):
 class OracleHeads(MedusaHeads):
     """Head k names the token k + 1 after the next one: always right for ``CycleModel``."""
 
-    def forward(self, hidden, lm_head):
+    def forward(self, hidden, lm_head, n=None):
         V = hidden.shape[-1]
         return torch.stack([torch.nn.functional.one_hot((hidden.argmax(-1) + 1 + k) % V, V).float()
-                            for k in range(1, self.n_heads + 1)])  # fmt: skip
+                            for k in range(1, (n or self.n_heads) + 1)])  # fmt: skip
 
 
 def test_oracle_heads_are_accepted_at_every_level():
@@ -205,6 +205,7 @@ def test_untrained_heads_predict_what_the_lm_head_does():
     assert out.shape == (3, 1, 3, 97)
     torch.testing.assert_close(out, logits.expand(3, -1, -1, -1))
     assert heads.num_params() == 3 * (32 * 32 + 32)
+    torch.testing.assert_close(heads(hidden, model.lm_head, n=2), out[:2])  # only the heads asked for
 
 
 def test_head_targets_are_shifted_and_skip_the_prompt():
