@@ -4,7 +4,9 @@ greedy decoding, on one model and the same prompts, in one run.
 Every method is greedy here, so every method must produce exactly plain greedy's tokens (the
 benchmark checks it). For each method: end-to-end tokens/s and the speedup over plain greedy,
 tokens per target forward (1 for plain decoding), the acceptance rate per draft position, the
-extra parameters it needs in memory and the extra training it needed. Methods run interleaved,
+extra parameters it needs in memory and the extra training it needed. Beside them, what one
+forward of T new tokens costs on this machine: these methods trade one-token forwards for fewer,
+wider ones, which pays only where a wide forward costs about what a narrow one does. Methods run interleaved,
 after a warmup, and the figures are medians over the repeats.
 
     from minillm.decoding_bench import bench_decoding, format_decoding
@@ -24,6 +26,7 @@ import torch
 
 from . import corpus
 from .bench import format_table
+from .cache import KVCache
 from .checkpoints import load, resolve
 from .generate import generate
 from .hardware import hardware_description, synchronize
@@ -91,6 +94,31 @@ def time_methods(methods: dict[str, Method], prompts: list[list[int]], repeats: 
     return out
 
 
+@torch.inference_mode()
+def forward_ms(model: Transformer, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32), prefix: int = 64,
+               repeats: int = 20) -> dict[int, float]:  # fmt: skip
+    """Median milliseconds of one forward of T new tokens after ``prefix`` cached ones, for each T:
+    what verifying T tokens at once costs here, against decoding one (the T = 1 entry)."""
+    gen = torch.Generator().manual_seed(0)
+    cache = KVCache.for_model(model, 1, prefix + max(sizes))
+    model(torch.randint(0, model.config.vocab_size, (1, prefix), generator=gen).to(model.device), cache=cache)
+    out = {}
+    for T in sizes:
+        ids = torch.randint(0, model.config.vocab_size, (1, T), generator=gen).to(model.device)
+        model(ids, cache=cache)  # warmup
+        cache.truncate(prefix)
+        times = []
+        for _ in range(repeats):
+            synchronize(model.device)
+            t0 = time.perf_counter()
+            model(ids, cache=cache)
+            synchronize(model.device)
+            times.append(time.perf_counter() - t0)
+            cache.truncate(prefix)
+        out[T] = 1e3 * statistics.median(times)
+    return out
+
+
 def merged(stats: list[DecodingStats]) -> DecodingStats | None:
     """Statistics of several generations as one."""
     if not stats:
@@ -138,6 +166,7 @@ def bench_decoding(target_name: str = "minillm-target", draft_name: str = "minil
     load_before = os.getloadavg()[0]  # other work on the machine skews timings: say how much there was
     timed = time_methods(decoding_methods(target, draft, heads, new_tokens, k), prompts, repeats, target.device)
     costs, base = extra_costs(target_dir, draft, draft_dir, heads), timed["greedy"]
+    costs_ms = {"target": forward_ms(target), "draft": forward_ms(draft)}
     rows = []
     for name, t in timed.items():
         seconds, stats = statistics.median(t["seconds"]), merged(t["stats"])
@@ -154,7 +183,8 @@ def bench_decoding(target_name: str = "minillm-target", draft_name: str = "minil
             "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
-            "prompt_source": "corpus text (validation split)", "rows": rows}  # fmt: skip
+            "prompt_source": "corpus text (validation split)", "rows": rows,
+            "forward_ms_by_new_tokens": costs_ms}  # fmt: skip
 
 
 def format_decoding(result: dict) -> str:
@@ -166,4 +196,7 @@ def format_decoding(result: dict) -> str:
     title = (f"{result['benchmark']}: {result['target']} (draft {result['draft']}), {result['dtype']}, batch 1, "
              f"{result['n_prompts']} prompts x {result['new_tokens']} new tokens, median of {result['repeats']}\n"
              f"{result['hardware']}")  # fmt: skip
-    return format_table(rows, columns, title=title)
+    costs = result.get("forward_ms_by_new_tokens", {})
+    lines = [f"one forward of T tokens, {name} (ms): " + ", ".join(f"T={t}: {ms:.2f}" for t, ms in by_t.items())
+             for name, by_t in costs.items()]  # fmt: skip
+    return "\n".join([format_table(rows, columns, title=title), *lines])

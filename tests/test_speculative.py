@@ -265,6 +265,7 @@ def test_cli_bench_decoding_writes_every_method(tmp_path, capsys):
     assert methods == ["greedy", "speculative", "prompt lookup", "lookahead", "medusa"]
     assert all(row["same_greedy_tokens"] for row in figures["rows"])
     assert figures["rows"][0]["speedup"] == 1.0 and figures["hardware"]
+    assert set(figures["forward_ms_by_new_tokens"]) == {"target", "draft"}
     assert "tokens/forward" in capsys.readouterr().out
 
 
