@@ -148,12 +148,14 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_kv(args: argparse.Namespace) -> int:
+    from .book import set_threads_from_env
     from .shrink import bench_kv, format_kv_bench
 
     if args.repeats < 1 or args.new_tokens < 1 or min(args.contexts) < 1:
         raise CliError("--repeats, --new-tokens and --contexts must be positive integers")
     if args.shape not in PRESETS:
         raise CliError(f"unknown shape {args.shape!r}; choose one of {', '.join(PRESETS)}")
+    set_threads_from_env()
     device = parse_device(args.device) or default_device()
     print(f"KV-cache techniques on a random {args.shape} (as MHA), contexts {args.contexts} ({device})...",
           file=sys.stderr, flush=True)  # fmt: skip
