@@ -6,7 +6,14 @@ result = minillm.generate(model, ids, max_new_tokens=64)
 print(tokenizer.decode(result.tokens[0]))
 """
 
-from .cache import CacheFullError, KVCache
+from .cache import (
+    CacheFullError,
+    CrossLayerKVCache,
+    KVCache,
+    QuantizedKVCache,
+    SelectiveKVCache,
+    SlidingWindowCache,
+)
 from .checkpoints import CheckpointError, bundled_models, load, save_pretrained
 from .config import PRESETS, ModelConfig, RopeScaling, preset
 from .generate import GenerationResult, generate
@@ -20,11 +27,15 @@ __all__ = [
     "PRESETS",
     "CacheFullError",
     "CheckpointError",
+    "CrossLayerKVCache",
     "GenerationResult",
     "KVCache",
     "ModelConfig",
+    "QuantizedKVCache",
     "RopeScaling",
     "SamplingParams",
+    "SelectiveKVCache",
+    "SlidingWindowCache",
     "Tokenizer",
     "Transformer",
     "bundled_models",
