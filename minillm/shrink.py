@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -236,6 +237,7 @@ def bench_kv(shape: str = "SmolLM2-135M", contexts: Sequence[int] = (256, 1024, 
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     base = preset(shape)
     config = base.replace(n_kv_heads=base.n_heads, name=f"{base.name} as MHA")
+    load_before = os.getloadavg()[0]  # other work on the machine skews timings: say how much there was
     rows = kv_benchmark(config, contexts, batch, new_tokens, repeats, device, dtype)
     baseline = {r["context"]: r for r in rows if r["technique"] == "MHA (baseline)"}
     for r in rows:
@@ -243,7 +245,8 @@ def bench_kv(shape: str = "SmolLM2-135M", contexts: Sequence[int] = (256, 1024, 
         r["speed_vs_mha"] = r["tokens_per_s"] / baseline[r["context"]]["tokens_per_s"]
     return {"model": config.name, "parameters": config.num_params(), "dtype": str(dtype).removeprefix("torch."),
             "batch": batch, "new_tokens": new_tokens, "repeats": repeats, "device": str(device),
-            "hardware": hardware_description(device), "rows": rows}  # fmt: skip
+            "hardware": hardware_description(device), "load_average_before": round(load_before, 2),
+            "load_average_after": round(os.getloadavg()[0], 2), "rows": rows}  # fmt: skip
 
 
 def format_kv_bench(result: dict) -> str:
