@@ -200,3 +200,205 @@ def format_decoding(result: dict) -> str:
     lines = [f"one forward of T tokens, {name} (ms): " + ", ".join(f"T={t}: {ms:.2f}" for t, ms in by_t.items())
              for name, by_t in costs.items()]  # fmt: skip
     return "\n".join([format_table(rows, columns, title=title), *lines])
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapters 7 and 8: speculative decoding against K and temperature, prompt lookup by task
+
+
+def mean_acceptance(stats: DecodingStats) -> float:
+    """Accepted proposals over proposals checked, all positions together: one alpha for the model."""
+    reached = sum(stats.reached)
+    return sum(stats.accepted) / reached if reached else float("nan")
+
+
+def _of(result) -> tuple[list[int], DecodingStats]:
+    return result.tokens[0].tolist(), result.stats
+
+
+def speculative_sweep(target: Transformer, draft: Transformer, prompts: list[list[int]], new_tokens: int,
+                      ks=(1, 2, 3, 4, 6, 8), temperatures=(0.0,), repeats: int = 1,
+                      seed: int = 0) -> list[dict]:  # fmt: skip
+    """Speculative decoding for each (K, temperature) against plain decoding at the same
+    temperature, timed interleaved on the same prompts: one row per pair, medians over repeats."""
+    rows = []
+    for temp in temperatures:
+        plain = {"plain": lambda p, t=temp: (generate(target, p, new_tokens, temperature=t, seed=seed,
+                                                      eos_token_id=None).tokens[0].tolist(), None)}  # fmt: skip
+        spec = {k: (lambda p, k=k, t=temp: _of(speculative_generate(target, draft, p, new_tokens, k=k, temperature=t,
+                                                                     seed=seed, eos_token_id=None)))
+                for k in ks}  # fmt: skip
+        timed = time_methods({**plain, **spec}, prompts, repeats, target.device)
+        base = statistics.median(timed["plain"]["seconds"])
+        for k in ks:
+            seconds, stats = statistics.median(timed[k]["seconds"]), merged(timed[k]["stats"])
+            rows.append({"k": k, "temperature": temp, "speedup": base / seconds,
+                         "tokens_per_s": len(prompts) * new_tokens / seconds,
+                         "tokens_per_target_forward": stats.tokens_per_target_forward,
+                         "alpha": mean_acceptance(stats), "acceptance_rates": stats.acceptance_rates,
+                         "ms_per_round": 1e3 * seconds / stats.target_forwards,
+                         "ms_per_plain_token": 1e3 * base / (len(prompts) * new_tokens)})  # fmt: skip
+    return rows
+
+
+@torch.inference_mode()
+def teacher_forced_acceptance(target: Transformer, draft: Transformer, ids: list[int],
+                              temperatures=(0.0, 0.25, 0.5, 0.75, 1.0, 1.5)) -> dict[float, float]:  # fmt: skip
+    """Mean chance that one draft proposal is accepted, at each temperature, over the positions of
+    a real text ``ids``: sum_x min(p, q) of the two models' next-token distributions (at T = 0,
+    how often their argmaxes agree). No generation needed: one forward of each model."""
+    from .sampling import SamplingParams, probabilities
+    from .speculative import acceptance_probability
+
+    x = torch.tensor([ids], device=target.device)
+    lp, lq = target(x)[0].float(), draft(x)[0].float()  # (T, V) each
+    out = {}
+    for temp in temperatures:
+        if temp == 0:
+            out[temp] = float((lp.argmax(-1) == lq.argmax(-1)).float().mean())
+        else:
+            params = SamplingParams(temperature=temp)
+            out[temp] = float(acceptance_probability(probabilities(lp, params), probabilities(lq, params)).mean())
+    return out
+
+
+def copy_task_prompts(model: Transformer, tokenizer: Tokenizer, n: int = 4, prompt_len: int = 64,
+                      new_tokens: int = 64) -> dict[str, list[list[int]]]:  # fmt: skip
+    """Prompts of three kinds, from the validation split:
+
+    - "free": corpus text to continue (nothing to copy but what the model repeats itself);
+    - "rewrite a function": a method's source, then its ``def`` line again, as when asking for an
+      edited version (the output may re-quote the body);
+    - "regenerate an answer": a corpus prompt, the model's own greedy answer, then the same prompt
+      again, as in a chat asked to answer again or revise (the answer is in the prompt).
+    """
+    import re
+
+    free = realistic_prompts(tokenizer, n, prompt_len)
+    text = corpus.load_text("valid")
+    methods = [m for m in re.findall(r"\n(    def \w+\(.*?\n)(?=\n    def )", text, re.S) if 200 < len(m) < 700]
+    chosen = methods[:: max(1, len(methods) // n)][:n]
+    rewrite = [tokenizer.encode(m.rstrip("\n") + "\n\n" + m.split("\n")[0]) for m in chosen]
+    sep = tokenizer.encode("\n\n")
+    regenerate = [p + generate(model, p, new_tokens, eos_token_id=None).tokens[0].tolist() + sep + p for p in free]
+    return {"free": free, "rewrite a function": rewrite, "regenerate an answer": regenerate}
+
+
+def lookup_by_task(model: Transformer, tasks: dict[str, list[list[int]]], new_tokens: int, k: int = 8,
+                   max_ngram: int = 3, repeats: int = 2) -> list[dict]:  # fmt: skip
+    """Prompt lookup against plain greedy decoding, prompt by prompt (timed interleaved): per
+    prompt the task, the share of the output a lookup could copy, tokens per forward, speedup."""
+    from .speculative import copyable_fraction
+
+    rows = []
+    for task, prompts in tasks.items():
+        for prompt in prompts:
+            methods = {
+                "greedy": lambda p: (generate(model, p, new_tokens, eos_token_id=None).tokens[0].tolist(), None),
+                "lookup": lambda p: _of(
+                    prompt_lookup_generate(model, p, new_tokens, k=k, max_ngram=max_ngram, eos_token_id=None)
+                ),
+            }
+            timed = time_methods(methods, [prompt], repeats, model.device)
+            output, stats = timed["lookup"]["tokens"][0], timed["lookup"]["stats"][0]
+            seconds = {name: statistics.median(t["seconds"]) for name, t in timed.items()}
+            rows.append({"task": task, "prompt_len": len(prompt), "copyable": copyable_fraction(prompt, output),
+                         "tokens_per_target_forward": stats.tokens_per_target_forward,
+                         "speedup": seconds["greedy"] / seconds["lookup"],
+                         "same_greedy_tokens": output == timed["greedy"]["tokens"][0]})  # fmt: skip
+    return rows
+
+
+def summarize_by_task(rows: list[dict]) -> list[dict]:
+    """Medians per task of ``lookup_by_task``'s rows."""
+    out = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        out.append({"task": task, "prompts": len(mine),
+                    **{key: statistics.median(r[key] for r in mine)
+                       for key in ("copyable", "tokens_per_target_forward", "speedup")},
+                    "same_greedy_tokens": all(r["same_greedy_tokens"] for r in mine)})  # fmt: skip
+    return out
+
+
+def plot_speculative_sweep(rows: list[dict], predicted: dict[str, list[float]], title: str = ""):
+    """Against K: tokens per target forward (measured, and the i.i.d. model at the measured alpha),
+    and the speedup over plain decoding (measured, and each prediction in ``predicted``)."""
+    import matplotlib.pyplot as plt
+
+    from .speculative import expected_tokens_per_forward
+
+    ks = [r["k"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.plot(ks, [r["tokens_per_target_forward"] for r in rows], "o-", label="measured")
+    ax1.plot(ks, [expected_tokens_per_forward(r["alpha"], r["k"]) for r in rows], "s--",
+             label="(1 - a^(K+1)) / (1 - a), measured a")  # fmt: skip
+    ax1.set(xlabel="K, proposals per round", ylabel="new tokens per target forward")
+    ax2.plot(ks, [r["speedup"] for r in rows], "o-", color="black", label="measured")
+    for (name, values), style in zip(predicted.items(), ["s--", "^:", "v-."]):
+        ax2.plot(ks, values, style, label=name)
+    ax2.axhline(1, color="gray", lw=1)
+    ax2.set(xlabel="K, proposals per round", ylabel="speedup over plain decoding (x)")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_acceptance_vs_temperature(curve: dict[float, float], measured: dict[float, float], title: str = ""):
+    """Chance of accepting one proposal against temperature: from the two models' distributions
+    on real text (a line), and measured while generating (points)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot(list(curve), list(curve.values()), "o-", label="sum min(p, q) on corpus text (teacher-forced)")
+    ax.plot(list(measured), list(measured.values()), "s", ms=9, label="measured while generating")
+    ax.set(xlabel="temperature (0 = greedy: argmax agreement)", ylabel="acceptance rate per proposal",
+           ylim=(0, 1), title=title)  # fmt: skip
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_speedup_map(k: int, points: dict[str, tuple[float, float]], title: str = ""):
+    """The expected speedup (1 - a^(K+1)) / ((1 - a)(K c + 1)) over acceptance a and cost ratio c,
+    the break-even line dashed, and measured (a, c) pairs as points."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .speculative import expected_speedup
+
+    alphas, cs = np.linspace(0, 0.99, 100), np.linspace(0.0, 1.0, 101)
+    grid = np.array([[expected_speedup(float(a), k, float(c)) for a in alphas] for c in cs])
+    fig, ax = plt.subplots()
+    filled = ax.contourf(alphas, cs, grid, levels=sorted({0, 0.5, 0.75, 1, 1.5, 2, 3, 4, k + 1}), cmap="RdYlGn")
+    ax.contour(alphas, cs, grid, levels=[1], colors="black", linestyles="--")
+    fig.colorbar(filled, label="expected speedup (x)")
+    for name, (a, c) in points.items():
+        ax.plot(a, c, "ko")
+        right = a > 0.7
+        ax.annotate(name, (a, c), textcoords="offset points", xytext=(-5 if right else 5, -12 if c > 0.9 else 5),
+                    ha="right" if right else "left", fontsize=8)  # fmt: skip
+    ax.set(xlabel="acceptance rate a", ylabel="draft / target cost per forward, c", title=title)
+    return fig
+
+
+def plot_lookup_by_task(rows: list[dict], title: str = ""):
+    """Per prompt: prompt lookup's speedup and tokens per forward against the share of the output
+    that could be copied, one colour per task."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        x = [100 * r["copyable"] for r in mine]
+        ax1.plot(x, [r["speedup"] for r in mine], "o", label=task)
+        ax2.plot(x, [r["tokens_per_target_forward"] for r in mine], "o", label=task)
+    ax1.axhline(1, color="gray", lw=1)
+    ax1.set(xlabel="output tokens a 3-gram lookup could copy (%)", ylabel="speedup over greedy (x)")
+    ax2.set(xlabel="output tokens a 3-gram lookup could copy (%)", ylabel="new tokens per forward")
+    ax1.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

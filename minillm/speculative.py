@@ -313,3 +313,37 @@ def prompt_lookup_generate(model: Transformer, input_ids, max_new_tokens: int, k
     params = SamplingParams(temperature, top_k, top_p, seed)
     drafter = PromptLookupDrafter(max_ngram, min_ngram)
     return draft_and_verify(model, drafter, single_prompt(input_ids), max_new_tokens, k, params, eos_token_id)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# What to expect: acceptance from distributions, speedup from measured costs, overlap of a copy
+
+
+def acceptance_probability(p: Tensor, q: Tensor) -> Tensor:
+    """sum_x min(p(x), q(x)) over the last dimension: the chance the rule accepts a proposal
+    drawn from q when the target wants p (1 - their total-variation distance)."""
+    return torch.minimum(p, q).sum(-1)
+
+
+def predicted_speedup(alpha: float, k: int, draft_ms: float, target_ms: dict[int, float]) -> float:
+    """``expected_speedup`` with measured costs: a round is k draft forwards of one token plus one
+    target forward of k + 1 tokens (``target_ms[k + 1]``), plain decoding one of one (``target_ms[1]``)."""
+    if 1 not in target_ms or k + 1 not in target_ms:
+        raise ValueError(f"need the target's cost at widths 1 and {k + 1}, got widths {sorted(target_ms)}")
+    return expected_tokens_per_forward(alpha, k) * target_ms[1] / (k * draft_ms + target_ms[k + 1])
+
+
+def copyable_fraction(prompt: Sequence[int], output: Sequence[int], n: int = 3) -> float:
+    """The share of ``output``'s tokens that an n-gram lookup could have copied: the n tokens
+    before it, followed by it, appear earlier in the prompt or the output so far."""
+    if n < 1:
+        raise ValueError(f"n must be positive, got {n}")
+    tokens, seen, hits = list(prompt) + list(output), set(), 0
+    for i in range(len(tokens)):
+        gram = tuple(tokens[i - n : i + 1]) if i >= n else None
+        if i >= len(prompt) and gram in seen:
+            hits += 1
+        if gram is not None:
+            seen.add(gram)
+    return hits / len(output) if len(output) else float("nan")

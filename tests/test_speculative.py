@@ -274,3 +274,84 @@ def test_cli_bench_decoding_rejects_bad_counts(capsys):
 
     assert main(["bench", "decoding", "--k", "0"]) == 2
     assert "--k" in capsys.readouterr().err
+
+
+# --- chapters 7 and 8: what to expect, sweeps, copy tasks, plots ---------------------------------
+
+
+def test_acceptance_probability_is_the_overlap():
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    assert torch.allclose(spec.acceptance_probability(p, p), torch.ones(2))
+    q = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.3, 0.2]])
+    assert torch.allclose(spec.acceptance_probability(p, q), torch.tensor([0.0, 0.7]))
+
+
+def test_predicted_speedup_reduces_to_the_simple_model():
+    flat = {1: 2.0, 4: 2.0}  # verification as cheap as one token
+    assert spec.predicted_speedup(0.7, 3, 0.4, flat) == pytest.approx(expected_speedup(0.7, 3, 0.2))
+    assert spec.predicted_speedup(0.7, 3, 0.4, {1: 2.0, 4: 3.0}) < expected_speedup(0.7, 3, 0.2)
+    with pytest.raises(ValueError, match="widths"):
+        spec.predicted_speedup(0.7, 4, 0.4, flat)
+
+
+def test_copyable_fraction_counts_what_a_lookup_could_copy():
+    assert spec.copyable_fraction([1, 2, 3, 4, 5], [1, 2, 3, 4], n=2) == 0.5  # 3 and 4 follow (1, 2) and (2, 3) as before
+    assert spec.copyable_fraction([1, 2, 3, 4, 5, 1, 2], [3, 4, 9], n=2) == 2 / 3
+    assert spec.copyable_fraction([7], [1, 2, 1, 2, 1, 2], n=1) == 3 / 6  # from its own output: (1, 2) (2, 1) (1, 2)
+    with pytest.raises(ValueError, match="n must"):
+        spec.copyable_fraction([1], [1], n=0)
+
+
+def test_teacher_forced_acceptance_is_one_for_a_self_draft(pair):
+    from minillm.decoding_bench import teacher_forced_acceptance
+
+    target, draft = pair
+    ids = random_prompt(40, 5)
+    assert teacher_forced_acceptance(target, target, ids, (0.0, 0.5, 1.0)) == pytest.approx({0.0: 1, 0.5: 1, 1.0: 1})
+    other = teacher_forced_acceptance(target, draft, ids, (0.0, 1.0))
+    assert all(0 <= a < 1 for a in other.values())
+
+
+def test_speculative_sweep_rows(pair):
+    from minillm.decoding_bench import speculative_sweep
+
+    target, draft = pair
+    prompts = [random_prompt(8, 1), random_prompt(8, 2)]
+    rows = speculative_sweep(target, draft, prompts, 12, ks=(1, 3), temperatures=(0.0, 1.0))
+    assert [(r["k"], r["temperature"]) for r in rows] == [(1, 0.0), (3, 0.0), (1, 1.0), (3, 1.0)]
+    for r in rows:
+        assert 0 <= r["alpha"] <= 1 and 1 <= r["tokens_per_target_forward"] <= r["k"] + 1
+        assert r["speedup"] > 0 and r["ms_per_round"] > 0
+    self_draft = speculative_sweep(target, target, prompts, 12, ks=(3,))[0]
+    assert self_draft["alpha"] == 1.0
+
+
+def test_copy_tasks_and_lookup_by_task():
+    import minillm
+    from minillm.decoding_bench import copy_task_prompts, lookup_by_task, summarize_by_task
+
+    model, tokenizer = minillm.load("minillm-target", device="cpu")
+    tasks = copy_task_prompts(model, tokenizer, n=1, prompt_len=16, new_tokens=4)
+    assert list(tasks) == ["free", "rewrite a function", "regenerate an answer"]
+    free, regen = tasks["free"][0], tasks["regenerate an answer"][0]
+    assert regen[: len(free)] == free and regen[-len(free) :] == free
+    assert tokenizer.decode(tasks["rewrite a function"][0]).count("    def ") == 2
+    rows = lookup_by_task(model, tasks, 6, repeats=1)
+    assert len(rows) == 3 and all(r["same_greedy_tokens"] for r in rows)
+    summary = summarize_by_task(rows)
+    assert [s["task"] for s in summary] == list(tasks) and all(0 <= s["copyable"] <= 1 for s in summary)
+
+
+def test_plots_draw(pair):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minillm import decoding_bench as db
+
+    rows = [{"k": k, "alpha": 0.6, "tokens_per_target_forward": 2.0, "speedup": 1.1} for k in (1, 2, 3)]
+    assert db.plot_speculative_sweep(rows, {"model": [1.2, 1.3, 1.4]}, title="t")
+    assert db.plot_acceptance_vs_temperature({0.0: 0.5, 1.0: 0.6}, {0.0: 0.65}, title="t")
+    assert db.plot_speedup_map(3, {"draft": (0.6, 0.2), "self": (0.99, 1.0)}, title="t")
+    task_rows = [{"task": t, "copyable": c, "speedup": 1 + c, "tokens_per_target_forward": 1 + 2 * c}
+                 for t, c in [("free", 0.1), ("copy", 0.8)]]  # fmt: skip
+    assert db.plot_lookup_by_task(task_rows, title="t")
