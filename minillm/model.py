@@ -135,10 +135,21 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, ca
 
 
 def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
-    """The same computation through PyTorch's fused kernels (flash / memory-efficient / math)."""
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
-    )
+    """The same computation through PyTorch's fused kernels (flash / memory-efficient / math).
+
+    With GQA and an explicit (or no) mask, the n_rep query heads that share a K/V head are
+    folded into that head's rows: (B, H, T, hd) -> (B, Hkv, n_rep * T, hd). Each K/V head is
+    then read once for its whole group and never copied, which is what makes GQA's smaller
+    cache faster to decode from, not only smaller.
+    """
+    batch, n_heads, T, hd = q.shape
+    n_kv = k.shape[1]
+    if n_kv == n_heads or causal:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=n_kv != n_heads)
+    n_rep = n_heads // n_kv
+    grouped_mask = mask.repeat(1, 1, n_rep, 1) if mask is not None else None  # (B, 1, n_rep * T, S)
+    y = F.scaled_dot_product_attention(q.reshape(batch, n_kv, n_rep * T, hd), k, v, attn_mask=grouped_mask)
+    return y.view(batch, n_heads, T, hd)
 
 
 class Attention(nn.Module):

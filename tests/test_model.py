@@ -28,6 +28,17 @@ def test_attention_with_explicit_mask_matches_is_causal():
         torch.testing.assert_close(attend(q, k, v, mask), attend(q, k, v, None, causal=True))
 
 
+@pytest.mark.parametrize("n_kv, T", [(1, 1), (2, 1), (2, 5), (4, 3)])
+def test_grouped_query_sdpa_equals_the_reference_with_a_mask(n_kv, T):
+    q, k, v = torch.randn(2, 4, T, 8), torch.randn(2, n_kv, 11, 8), torch.randn(2, n_kv, 11, 8)
+    q_pos, k_pos = torch.arange(11 - T, 11).expand(2, T).clone(), torch.arange(11).expand(2, 11).clone()
+    k_pos[1, :3] = -1  # a left-padded row
+    mask = attention_mask(q_pos, k_pos, window=6)
+    torch.testing.assert_close(attention_sdpa(q, k, v, mask), attention_reference(q, k, v, mask))
+    last = q[..., -1:, :]  # a decode step: no mask at all
+    torch.testing.assert_close(attention_sdpa(last, k, v, None), attention_reference(last, k, v, None))
+
+
 def test_attention_mask_rules():
     q_pos = torch.tensor([[-1, 0, 1, 2]])
     k_pos = torch.tensor([[-1, 0, 1, 2]])
