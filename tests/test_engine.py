@@ -202,6 +202,6 @@ def test_bench_batching_cli(tmp_path, capsys):
     figures = json.loads(out.read_text())
     assert figures["throughput"]["continuous"]["output_tokens_per_s"] > 0
     assert set(figures["memory_waste"]["rows"][0]) >= {"block_size", "paged_waste_pct", "contiguous_waste_pct"}
-    assert figures["prefix_cache"]["with_cache"]["ttft_ms_mean"] > 0 and "threads" in figures["hardware"]
+    assert figures["prefix_cache"]["with_cache"]["ttft_ms_mean"] > 0 and "thread" in figures["hardware"]
     assert main(["bench", "batching", "--requests", "0"]) == 2
     assert "must be positive" in capsys.readouterr().err
