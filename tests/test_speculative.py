@@ -295,7 +295,7 @@ def test_predicted_speedup_reduces_to_the_simple_model():
 
 
 def test_copyable_fraction_counts_what_a_lookup_could_copy():
-    assert spec.copyable_fraction([1, 2, 3, 4, 5], [1, 2, 3, 4], n=2) == 0.5  # 3 and 4 follow (1, 2) and (2, 3) as before
+    assert spec.copyable_fraction([1, 2, 3, 4, 5], [1, 2, 3, 4], n=2) == 0.5  # 3 and 4 follow (1, 2), (2, 3)
     assert spec.copyable_fraction([1, 2, 3, 4, 5, 1, 2], [3, 4, 9], n=2) == 2 / 3
     assert spec.copyable_fraction([7], [1, 2, 1, 2, 1, 2], n=1) == 3 / 6  # from its own output: (1, 2) (2, 1) (1, 2)
     with pytest.raises(ValueError, match="n must"):
@@ -355,3 +355,11 @@ def test_plots_draw(pair):
     task_rows = [{"task": t, "copyable": c, "speedup": 1 + c, "tokens_per_target_forward": 1 + 2 * c}
                  for t, c in [("free", 0.1), ("copy", 0.8)]]  # fmt: skip
     assert db.plot_lookup_by_task(task_rows, title="t")
+
+
+def test_forward_costs_one_positive_time_per_width(pair):
+    from minillm.decoding_bench import forward_costs
+
+    target, _ = pair
+    costs = forward_costs(target, sizes=(1, 4), prefix=8, repeats=2)
+    assert set(costs) == {1, 4} and all(0 < ms < float("inf") for ms in costs.values())
