@@ -202,6 +202,49 @@ def format_decoding(result: dict) -> str:
     return "\n".join([format_table(rows, columns, title=title), *lines])
 
 
+# ---------------------------------------------------------------------------------------------
+# Chapter 9: how wide each method's forwards are, and what that width costs here
+
+
+@torch.inference_mode()
+def forward_widths(models: dict[str, torch.nn.Module], method: Method, prompts: list[list[int]]) -> dict[str, list]:
+    """Per model: the number of new tokens of each forward while ``method`` runs on each prompt,
+    without each model's first forward per prompt (the one that also reads the prompt)."""
+    widths: dict[str, list[int]] = {name: [] for name in models}
+    for prompt in prompts:
+        seen: dict[str, list[int]] = {name: [] for name in models}
+
+        def recorder(out: list[int]):
+            return lambda _module, args, kwargs: out.append((args[0] if args else kwargs["input_ids"]).shape[1])
+
+        hooks = [m.register_forward_pre_hook(recorder(seen[name]), with_kwargs=True) for name, m in models.items()]
+        try:
+            method(prompt)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for name in models:
+            widths[name] += seen[name][1:]
+    return widths
+
+
+def cost_at(forward_ms_by_width: dict, width: float) -> float:
+    """Milliseconds of one forward of ``width`` new tokens, interpolated linearly between the measured widths."""
+    points = sorted((int(t), ms) for t, ms in forward_ms_by_width.items())
+    for (t0, ms0), (t1, ms1) in zip(points, points[1:]):
+        if width <= t1:
+            return ms0 + (ms1 - ms0) * (max(width, t0) - t0) / (t1 - t0)
+    return points[-1][1] * width / points[-1][0]  # past the last width: proportional
+
+
+def modeled_speedup(tokens_per_forward: float, width: float, target_ms: dict, draft_forwards: float = 0.0,
+                    draft_ms: dict | None = None) -> float:  # fmt: skip
+    """The speedup over plain decoding if a step cost only its forwards: tokens per target forward,
+    times cost(1) over what one step costs (a target forward of ``width`` tokens, plus
+    ``draft_forwards`` one-token draft forwards). Python overheads come on top of this."""
+    step = cost_at(target_ms, width) + (draft_forwards * cost_at(draft_ms, 1) if draft_forwards else 0.0)
+    return tokens_per_forward * cost_at(target_ms, 1) / step
+
 
 # ---------------------------------------------------------------------------------------------
 # Chapters 7 and 8: speculative decoding against K and temperature, prompt lookup by task
@@ -324,6 +367,24 @@ def summarize_by_task(rows: list[dict]) -> list[dict]:
                                    "greedy_tokens_per_s")},
                     "same_greedy_tokens": all(r["same_greedy_tokens"] for r in mine)})  # fmt: skip
     return out
+
+
+def plot_break_even(relative_cost: dict[str, dict], methods: dict[str, tuple[float, float]], title: str = ""):
+    """Cost of a forward of T tokens relative to T = 1 (one line per device or model), and each
+    method at (its mean width, its tokens per target forward): a method above a line gains there."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for name, by_t in relative_cost.items():
+        ts = sorted(int(t) for t in by_t)
+        ax.plot(ts, [by_t[t] if t in by_t else by_t[str(t)] for t in ts], "o-", label=name)
+    for i, (name, (width, tokens)) in enumerate(methods.items()):
+        ax.plot([width], [tokens], "*", ms=13, color=f"C{i + 3}", label=f"{name}: {tokens:.2f} tokens/forward")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="tokens in one forward (T)", ylabel="cost relative to a 1-token forward\nor tokens per forward",
+           title=title)  # fmt: skip
+    ax.legend(fontsize=7)
+    return fig
 
 
 def plot_speculative_sweep(rows: list[dict], predicted: dict[str, list[float]], title: str = ""):

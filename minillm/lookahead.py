@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -157,16 +157,45 @@ class LookaheadDecoder:
         is an n-gram for the pool."""
         c = self.config
         top = best[1 + (c.levels - 1) * c.window : 1 + c.levels * c.window].cpu()  # (W,)
-        for i in range(c.window):
-            self.pool.add(tuple(self.window[:, i].tolist()) + (int(top[i]),))
-        self.window = torch.cat([self.window[1:], top[None]])
+        ngrams, self.window = window_update(self.window, top)
+        for ngram in ngrams:
+            self.pool.add(ngram)
+
+
+def window_update(window: Tensor, top: Tensor) -> tuple[list[tuple[int, ...]], Tensor]:
+    """One Jacobi step of the window (N-1, W), given the argmaxes ``top`` (W,) at its newest level:
+    -> the W n-grams (column i, top to bottom, then top[i]) and the new window (oldest level dropped)."""
+    ngrams = [tuple(window[:, i].tolist()) + (int(top[i]),) for i in range(window.shape[1])]
+    return ngrams, torch.cat([window[1:], top[None].to(window.dtype)])
+
+
+@dataclass
+class LookaheadTrace:
+    """What each step of ``lookahead_generate`` saw and did, and the pool at the end."""
+
+    steps: list[dict] = field(default_factory=list)
+    pool: NGramPool | None = None
+
+    def record_before(self, decoder: LookaheadDecoder, root: int) -> None:
+        self.pool = decoder.pool
+        self.steps.append({"root": root, "window": decoder.window.tolist(),
+                           "candidates": decoder.pool.candidates(root)})  # fmt: skip
+
+    def record_after(self, decoder: LookaheadDecoder, accepted: list[int], next_token: int) -> None:
+        self.steps[-1] |= {"accepted": accepted, "next": next_token, "pool_size": len(decoder.pool)}
+
+    @property
+    def accepted_lengths(self) -> list[int]:
+        return [len(s["accepted"]) for s in self.steps]
 
 
 @torch.inference_mode()
 def lookahead_generate(model: Transformer, input_ids, max_new_tokens: int, window: int = 5, ngram: int = 4,
-                       max_candidates: int = 5, seed: int = 0, eos_token_id="config") -> DecodingResult:  # fmt: skip
+                       max_candidates: int = 5, seed: int = 0, eos_token_id="config",
+                       trace: LookaheadTrace | None = None) -> DecodingResult:  # fmt: skip
     """Greedy lookahead decoding: the same tokens as greedy ``generate``, in fewer forwards when
-    the pool's n-grams are right. ``stats.k`` is N-1: the longest candidate."""
+    the pool's n-grams are right. ``stats.k`` is N-1: the longest candidate. A ``trace`` records
+    every step (and keeps the pool) to look at afterwards."""
     config = LookaheadConfig(window, ngram, max_candidates, seed)
     prompt = single_prompt(input_ids)
     check_request([prompt], max_new_tokens, model.config)
@@ -184,7 +213,11 @@ def lookahead_generate(model: Transformer, input_ids, max_new_tokens: int, windo
         model(torch.tensor([prompt[:-1]], device=model.device), cache=cache, last_only=True)
     new, root = [], prompt[-1]
     while len(new) < max_new_tokens:
+        if trace is not None:
+            trace.record_before(decoder, root)
         accepted, root, proposed = decoder.step(root)
+        if trace is not None:
+            trace.record_after(decoder, accepted, root)
         emitted = stop_at_eos(accepted + [root], eos)[: max_new_tokens - len(new)]
         stats.record(proposed, len(accepted), len(emitted))
         new += emitted
@@ -193,3 +226,74 @@ def lookahead_generate(model: Transformer, input_ids, max_new_tokens: int, windo
     stats.new_tokens = len(new)
     synchronize(model.device)
     return DecodingResult(torch.tensor([new]), stats, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Jacobi decoding, the idea lookahead starts from
+
+
+@torch.inference_mode()
+def jacobi_step(model: Transformer, prompt: list[int], guess: list[int]) -> list[int]:
+    """One Jacobi iteration: every position of the guess updated at once, in one forward.
+
+    Token i of the new guess is the model's argmax after the prompt and the *old* guess's first
+    i tokens; so if the old guess's first i tokens were right, so is the new guess's token i."""
+    ids = torch.tensor([prompt + guess[:-1]], device=model.device)
+    return model(ids)[0, len(prompt) - 1 :].argmax(-1).tolist()
+
+
+def jacobi_iterations(
+    model: Transformer, prompt: list[int], guess: list[int], max_iters: int | None = None
+) -> list[list[int]]:
+    """Iterate ``jacobi_step`` from ``guess`` to its fixed point (greedy decoding's tokens): the guesses,
+    the initial one first. At most len(guess) iterations are needed, since each fixes one more token."""
+    guesses = [list(guess)]
+    for _ in range(len(guess) if max_iters is None else max_iters):
+        guesses.append(jacobi_step(model, prompt, guesses[-1]))
+        if guesses[-1] == guesses[-2]:
+            break
+    return guesses
+
+
+# ---------------------------------------------------------------------------------------------
+# Pictures for chapter 9
+
+
+def plot_jacobi(guesses: list[list[int]], target: list[int], labels: list[str] | None = None, title: str = ""):
+    """Jacobi iterations as a grid, one row per iteration: green where the guess already has greedy's
+    token, a dark edge on the confirmed prefix (every token before it right too)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Rectangle
+
+    right = torch.tensor([[g == t for g, t in zip(guess, target)] for guess in guesses])  # (iters, n)
+    fig, ax = plt.subplots(figsize=(0.62 * len(target) + 1.5, 0.3 * len(guesses) + 1.2))
+    ax.imshow(right.numpy(), cmap=ListedColormap(["#f2f2f2", "#8fd18b"]), vmin=0, vmax=1, aspect="auto")
+    for it, guess in enumerate(guesses):
+        prefix = next((i for i, ok in enumerate(right[it].tolist()) if not ok), len(target))
+        if prefix:
+            ax.add_patch(Rectangle((-0.5, it - 0.5), prefix, 1, fill=False, ec="black", lw=1.5))
+        if labels is not None:
+            for i, token in enumerate(guess):
+                ax.text(i, it, labels[token][:6], ha="center", va="center", fontsize=6)
+    ax.set(xlabel="position in the block of new tokens", ylabel="Jacobi iteration (0 = initial guess)", title=title)
+    ax.grid(False)
+    return fig
+
+
+def plot_lookahead_trace(trace: LookaheadTrace, title: str = ""):
+    """Two panels over the steps of one run: tokens accepted from the pool, and the pool's size."""
+    import matplotlib.pyplot as plt
+
+    steps = range(len(trace.steps))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    ax1.bar(steps, trace.accepted_lengths, color="tab:green", width=1.0)
+    ax1.set(xlabel="step (one forward)", ylabel="pool tokens accepted", title="accepted per step (+1 of its own)")
+    ax2.plot(steps, [s["pool_size"] for s in trace.steps], color="tab:blue")
+    ax2.plot(steps, [len(s["candidates"]) for s in trace.steps], ".", color="tab:orange", ms=3,
+             label="n-grams verified that step")  # fmt: skip
+    ax2.set(xlabel="step (one forward)", ylabel="n-grams", title="n-grams in the pool")
+    ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -218,10 +218,12 @@ class MedusaDecoder:
         """One forward over the tree below ``root``; keep the accepted path in the cache.
         Returns the accepted candidate tokens and the next-token logits (V,) after them."""
         tokens = self.tree.tokens(root, self.head_logits).to(self.model.device)  # (N,)
+        self.last_tokens = tokens.tolist()
         start = self.cache.length
         positions = (start + self.tree.depths)[None].to(self.model.device)  # (1, N): prefix length + depth
         logits, hidden = self.model(tokens[None], positions, self.cache, tree_mask=self.mask, return_hidden=True)
         path = longest_accepted_path(self.accepts(tokens, logits[0]), self.tree)  # node ids, root first
+        self.last_path = path
         self.cache.keep_slots(start, [start + i for i in path])
         last = path[-1]
         self.head_logits = self.heads(hidden[0, last], self.model.lm_head, self.tree.depth)
@@ -256,10 +258,11 @@ def medusa_generate(model: Transformer, heads: MedusaHeads, input_ids, max_new_t
                     tree: MedusaTree | tuple[int, ...] = DEFAULT_TREE, acceptance: str = "greedy",
                     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                     seed: int | None = None, epsilon: float = 0.09, delta: float = 0.3,
-                    eos_token_id="config") -> DecodingResult:  # fmt: skip
+                    eos_token_id="config", trace: list | None = None) -> DecodingResult:  # fmt: skip
     """Medusa decoding with tree verification. ``acceptance="greedy"`` is lossless (the tokens of
     greedy ``generate``); ``"typical"`` samples with ``temperature`` and is not (see the module).
-    ``tree``: a MedusaTree, or top-k per head for ``MedusaTree.product``."""
+    ``tree``: a MedusaTree, or top-k per head for ``MedusaTree.product``. A ``trace`` list gets
+    one dict per step: the tree's tokens, the accepted path (node ids) and the tokens emitted."""
     tree = tree if isinstance(tree, MedusaTree) else MedusaTree.product(tuple(tree))
     params = SamplingParams(temperature, top_k, top_p, seed)
     accepts = acceptance_rule(acceptance, tree, params, epsilon, delta)
@@ -275,6 +278,8 @@ def medusa_generate(model: Transformer, heads: MedusaHeads, input_ids, max_new_t
     while len(new) < max_new_tokens and new[-1] not in eos:
         accepted, logits = decoder.step(new[-1])
         emitted = stop_at_eos(accepted + [next_token(logits, params, generator)], eos)[: max_new_tokens - len(new)]
+        if trace is not None:
+            trace.append({"tokens": decoder.last_tokens, "path": decoder.last_path, "emitted": emitted})
         stats.record(tree.depth, len(accepted), len(emitted))
         new += emitted
     stats.new_tokens = len(new)
@@ -304,9 +309,9 @@ class MedusaTrainConfig:
     seed: int = 0
 
 
-def corpus_windows(tokenizer: Tokenizer, n: int, length: int, seed: int) -> Tensor:
-    """(n, length) token windows starting at random places of the corpus' training split."""
-    text = corpus.load_text("train")
+def corpus_windows(tokenizer: Tokenizer, n: int, length: int, seed: int, split: str = "train") -> Tensor:
+    """(n, length) token windows starting at random places of the corpus' ``split``."""
+    text = corpus.load_text(split)
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(text) - 16 * length, (n,), generator=gen).tolist()
     windows = [tokenizer.encode(text[s : s + 16 * length])[1 : 1 + length] for s in starts]  # [0] is <|endoftext|>
@@ -413,3 +418,99 @@ def train_medusa(model_name: str = "minillm-target", out_dir: Path | None = None
     out.mkdir(parents=True, exist_ok=True)
     heads.save(out, meta)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Looking at the heads and the tree
+
+
+def shifted_targets(seqs: Tensor, shift: int, prompt_len: int) -> Tensor:
+    """(B, T): seqs[:, t + shift], -100 past the end or where that token is in the prompt."""
+    B, T = seqs.shape
+    targets = torch.full((B, T), -100, dtype=torch.long)
+    targets[:, : max(0, T - shift)] = seqs[:, shift:]
+    targets[:, : max(0, prompt_len - shift)] = -100
+    return targets
+
+
+@torch.no_grad()
+def head_topk_accuracy(model: Transformer, heads: MedusaHeads, seqs: Tensor, prompt_len: int,
+                       ks: tuple[int, ...] = (1, 5), batch_size: int = 8) -> dict[int, list[float]]:  # fmt: skip
+    """{k: accuracies}: how often the right token is among the top k of the base LM head (entry 0,
+    the next token) and of each Medusa head (entry i, the token i further on), scored on the
+    tokens of ``seqs`` (B, T) after the first ``prompt_len``."""
+    hits, counts = torch.zeros(len(ks), heads.n_heads + 1), torch.zeros(heads.n_heads + 1)
+    for batch in seqs.split(batch_size):
+        hidden = final_hidden(model, batch)  # (b, T, D)
+        logits = torch.cat([model.lm_head(hidden)[None], heads(hidden, model.lm_head)])  # (K+1, b, T, V)
+        top = logits.topk(max(ks), dim=-1).indices.cpu()  # (K+1, b, T, max k)
+        targets = torch.stack([shifted_targets(batch, 1 + i, prompt_len) for i in range(heads.n_heads + 1)])
+        valid = targets != -100  # (K+1, b, T)
+        counts += valid.flatten(1).sum(1)
+        for j, k in enumerate(ks):
+            found = (top[..., :k] == targets[..., None]).any(-1) & valid
+            hits[j] += found.flatten(1).sum(1)
+    return {k: (hits[j] / counts.clamp(min=1)).tolist() for j, k in enumerate(ks)}
+
+
+def tree_layout(tree: MedusaTree) -> list[tuple[float, float]]:
+    """(x, y) of each node for a drawing: x its depth, leaves one unit apart, a parent centred on its children."""
+    children = [[] for _ in range(len(tree))]
+    for i, p in enumerate(tree.parents[1:], start=1):
+        children[p].append(i)
+    y, next_leaf = [0.0] * len(tree), [0.0]
+
+    def place(i: int) -> float:
+        if children[i]:
+            y[i] = sum(place(c) for c in children[i]) / len(children[i])
+        else:
+            y[i], next_leaf[0] = next_leaf[0], next_leaf[0] + 1
+        return y[i]
+
+    place(0)
+    return [(float(tree.depths[i]), -y[i]) for i in range(len(tree))]
+
+
+def draw_tree(tree: MedusaTree, labels: list[str] | None = None, accepted: list[int] | None = None,
+              title: str = "", ax=None):  # fmt: skip
+    """The candidate tree, root at the left, one column per head; ``labels`` per node (default: its
+    path), the ``accepted`` path (node ids) in green."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.2 * (tree.depth + 1), 0.32 * len(tree) + 1))
+    xy, on_path = tree_layout(tree), set(accepted or [])
+    labels = labels or ["root", *("".join(map(str, p)) for p in tree.paths[1:])]
+    for i, p in enumerate(tree.parents[1:], start=1):
+        good = i in on_path and p in on_path
+        ax.plot([xy[p][0], xy[i][0]], [xy[p][1], xy[i][1]], color="tab:green" if good else "0.7",
+                lw=2.5 if good else 1, zorder=1)  # fmt: skip
+    for i, (x, y) in enumerate(xy):
+        color = "#c7e9c0" if i in on_path else "white"
+        ax.text(x, y, f"{i}: {labels[i]}", ha="center", va="center", fontsize=8, zorder=2,
+                bbox={"boxstyle": "round", "fc": color, "ec": "tab:green" if i in on_path else "0.5"})  # fmt: skip
+    ax.set_xticks(range(tree.depth + 1), ["root\n(last token)"] + [f"head {d} top-{k}" for d, k in
+                                                                   enumerate(tree.top_k, 1)])  # fmt: skip
+    ax.set_yticks([])
+    ax.set_xlim(-0.6, tree.depth + 0.6)
+    ax.grid(False)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title)
+    return ax
+
+
+def plot_mask(mask: Tensor, labels: list[str] | None = None, title: str = "", ax=None):
+    """A boolean attention mask as a picture: row i is what token i may see (dark = attends)."""
+    import matplotlib.pyplot as plt
+
+    n = mask.shape[0]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.22 * n + 1.5, 0.22 * n + 1.2))
+    ax.imshow(mask.cpu().numpy(), cmap="Greys", vmin=0, vmax=1.3)
+    ticks = labels or [str(i) for i in range(n)]
+    ax.set_xticks(range(n), ticks, rotation=90, fontsize=6)
+    ax.set_yticks(range(n), ticks, fontsize=6)
+    ax.set(xlabel="key (token attended to)", ylabel="query (token attending)", title=title)
+    ax.grid(False)
+    return ax

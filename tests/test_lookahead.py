@@ -5,7 +5,16 @@ import pytest
 import torch
 
 from minillm import generate
-from minillm.lookahead import LookaheadConfig, NGramPool, lookahead_generate, lookahead_layout
+from minillm.lookahead import (
+    LookaheadConfig,
+    LookaheadTrace,
+    NGramPool,
+    jacobi_iterations,
+    jacobi_step,
+    lookahead_generate,
+    lookahead_layout,
+    window_update,
+)
 from tests.conftest import tiny_config, tiny_model
 from tests.test_speculative import MarkovModel, random_prompt
 
@@ -99,3 +108,42 @@ def test_bad_input_raises(kwargs, match):
 
 def test_config_counts_tokens_per_forward():
     assert LookaheadConfig(5, 4, 5).tokens_per_forward() == 1 + 3 * 5 + 5 * 3
+
+
+# --- Jacobi iteration, the window update and the trace (chapter 9) ---------------------------
+
+
+def test_jacobi_iterations_reach_greedy_and_fix_one_more_token_each_time():
+    model = tiny_model(seed=1)
+    prompt = random_prompt(6, 5)
+    expected = greedy(model, prompt, 10, eos_token_id=None)
+    guesses = jacobi_iterations(model, prompt, [0] * 10)
+    assert guesses[-1] == expected and len(guesses) <= 12
+    for it, guess in enumerate(guesses):
+        assert guess[:it] == expected[:it]  # after k iterations at least the first k are right
+
+
+def test_jacobi_step_uses_the_old_guess():
+    model = tiny_model(seed=2)
+    prompt, guess = random_prompt(4, 1), random_prompt(5, 2)
+    new = jacobi_step(model, prompt, guess)
+    for i in range(5):
+        assert new[i] == int(model(torch.tensor([prompt + guess[:i]]))[0, -1].argmax())
+
+
+def test_window_update_makes_one_ngram_per_column():
+    window = torch.tensor([[1, 2, 3], [4, 5, 6]])  # 2 levels, 3 columns; level 0 the oldest
+    ngrams, new = window_update(window, torch.tensor([7, 8, 9]))
+    assert ngrams == [(1, 4, 7), (2, 5, 8), (3, 6, 9)]
+    assert new.tolist() == [[4, 5, 6], [7, 8, 9]]
+
+
+def test_trace_records_every_step_and_keeps_the_pool():
+    model, prompt = tiny_model(), random_prompt(8, 3)
+    trace = LookaheadTrace()
+    result = lookahead_generate(model, prompt, 25, eos_token_id=None, trace=trace)
+    assert len(trace.steps) == result.stats.target_forwards
+    emitted = [t for s in trace.steps for t in s["accepted"] + [s["next"]]]
+    assert emitted[:25] == result.tokens[0].tolist()
+    assert trace.pool is not None and len(trace.pool) == trace.steps[-1]["pool_size"] > 0
+    assert all(len(s["window"]) == 3 and len(s["window"][0]) == 5 for s in trace.steps)

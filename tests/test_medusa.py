@@ -11,11 +11,16 @@ from minillm.medusa import (
     MedusaHeads,
     MedusaTrainConfig,
     MedusaTree,
+    draw_tree,
     fit_heads,
     greedy_accepts,
     head_targets,
+    head_topk_accuracy,
     longest_accepted_path,
     medusa_generate,
+    plot_mask,
+    shifted_targets,
+    tree_layout,
     typical_accepts,
 )
 from minillm.sampling import SamplingParams
@@ -253,3 +258,51 @@ def test_cli_train_medusa_writes_heads_that_load(tmp_path, monkeypatch):
     heads = MedusaHeads.load(tmp_path)
     assert heads.n_heads == 2
     assert main(["train", "medusa", "--steps", "0"]) == 2
+
+
+# --- looking at the heads and the tree (chapter 9) ----------------------------------------------
+
+
+def test_trace_records_the_tree_and_the_accepted_path():
+    model, heads, tree = tiny_model(), random_heads(), MedusaTree.product((3, 2))
+    trace = []
+    result = medusa_generate(model, heads, random_prompt(6, 4), 20, tree=tree, eos_token_id=None, trace=trace)
+    assert len(trace) == result.stats.target_forwards - 1  # the prefill makes the first token
+    for step in trace:
+        assert len(step["tokens"]) == len(tree) and step["path"][0] == 0
+        assert step["emitted"][:-1] == [step["tokens"][i] for i in step["path"][1:]]
+    assert [t for s in trace for t in s["emitted"]] == result.tokens[0, 1:].tolist()
+
+
+def test_head_topk_accuracy_of_oracle_and_untrained_heads():
+    model = tiny_model()
+    seqs = torch.tensor([greedy(model, p, 12, eos_token_id=None) for p in ([1, 2, 3], [5, 6, 7])])
+    seqs = torch.cat([torch.tensor([[1, 2, 3], [5, 6, 7]]), seqs], dim=1)  # prompt + the model's greedy text
+    acc = head_topk_accuracy(model, MedusaHeads(32, 2), seqs, prompt_len=3, ks=(1, 5))
+    assert acc[1][0] == 1.0 and acc[5][0] == 1.0  # the LM head against its own greedy tokens
+    assert all(0 <= a <= b <= 1 for a, b in zip(acc[1], acc[5]))  # top-5 contains top-1
+    assert len(acc[1]) == 3
+
+
+def test_shifted_targets_match_head_targets():
+    seqs = torch.arange(12).view(2, 6)
+    targets = head_targets(seqs, 3, prompt_len=2)
+    for k in range(1, 4):
+        assert torch.equal(shifted_targets(seqs, 1 + k, 2), targets[k - 1])
+    assert shifted_targets(seqs, 1, 2)[0].tolist() == [-100, 2, 3, 4, 5, -100]
+
+
+def test_tree_layout_and_drawings():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    tree = MedusaTree.product((3, 2, 1))
+    xy = tree_layout(tree)
+    assert [x for x, _ in xy] == tree.depths.tolist()
+    for i in range(1, len(tree)):  # a parent sits within its children's span
+        kids = [y for j, (_, y) in enumerate(xy) if tree.parents[j] == i]
+        assert not kids or min(kids) <= xy[i][1] <= max(kids)
+    ax = draw_tree(tree, accepted=[0, 1, 4])
+    assert len(ax.texts) == len(tree)
+    ax = plot_mask(tree.attention_mask())
+    assert ax.images[0].get_array().shape == (len(tree), len(tree))
