@@ -12,7 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm import SamplingParams, generate
-from minillm.engine import Engine, EngineConfig, RequestTooLargeError, StepCost, progress_bar
+from minillm.bench_batching import copy_requests
+from minillm.engine import (
+    Engine,
+    EngineConfig,
+    RequestTooLargeError,
+    SimulatedModel,
+    StepCost,
+    fit_step_cost,
+    progress_bar,
+)
 from minillm.scheduler import SchedulerConfig
 from minillm.workload import Request
 from tests.conftest import tiny_model
@@ -205,3 +214,151 @@ def test_bench_batching_cli(tmp_path, capsys):
     assert figures["prefix_cache"]["with_cache"]["ttft_ms_mean"] > 0 and "thread" in figures["hardware"]
     assert main(["bench", "batching", "--requests", "0"]) == 2
     assert "must be positive" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The step log, the cost model and its fit, the simulated model
+
+
+def test_step_log_records_every_step_and_padding_rows_cost_time():
+    cost = StepCost(fixed=0.01, per_token=0.001, per_prefill_token=0.0001)
+    engine = Engine(MODEL, EngineConfig(30, 4, scheduler=SchedulerConfig("static", 2), step_cost=cost))
+    engine.run([Request(tokens(5, 0), 4), Request(tokens(3, 1), 1)])
+    log = engine.step_log
+    assert len(log) == engine.steps and log[0].start == 0.0
+    assert all(a.end == pytest.approx(b.start) for a, b in zip(log, log[1:]))  # no idle gap: all arrived at 0
+    assert log[0].prefill_tokens == 8 and log[0].decode_rows == 0 and log[0].duration == pytest.approx(cost(0, 8))
+    later = log[1:]
+    assert [r.padding_rows for r in later] == [1, 1, 1]  # the one-token request's row rides along
+    assert all(r.decode_rows == 2 and r.duration == pytest.approx(cost(2)) for r in later)
+    assert (
+        engine.stats()["padding_rows"] == 3 and engine.peak_blocks == 3
+    )  # the first's 3 blocks: the other left in step 1
+
+
+def test_a_mixed_step_runs_two_forwards():
+    cost = StepCost(fixed=0.01, per_token=0.001, per_prefill_token=0.0001)
+    engine = Engine(MODEL, EngineConfig(30, 4, scheduler=SchedulerConfig("continuous", 4), step_cost=cost))
+    engine.run([Request(tokens(5, 0), 4), Request(tokens(6, 1), 2, arrival=0.011)])
+    mixed = [r for r in engine.step_log if r.decode_rows and r.prefill_tokens]
+    assert mixed and all(r.forwards == 2 and r.duration == pytest.approx(cost(1, 6, 2)) for r in mixed)
+
+
+def test_fit_step_cost_recovers_a_known_cost():
+    true = StepCost(fixed=0.004, per_token=0.0007, per_prefill_token=0.00015)
+    engine = Engine(MODEL, EngineConfig(40, 4, scheduler=SchedulerConfig("continuous", 4), step_cost=true))
+    engine.run(shared_prefix_workload(10))
+    fitted = fit_step_cost(engine.step_log)
+    assert fitted.fixed == pytest.approx(true.fixed, rel=1e-6)
+    assert fitted.per_token == pytest.approx(true.per_token, rel=1e-6)
+    assert fitted.prefill_rate == pytest.approx(true.prefill_rate, rel=1e-6)
+    assert true.half_batch() == pytest.approx(0.004 / 0.0007)
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_step_cost(engine.step_log[:2])
+    with pytest.raises(ValueError, match=">= 0"):
+        StepCost(fixed=-1.0)
+
+
+def test_simulated_model_keeps_the_schedule_and_the_clock_of_the_real_one():
+    requests = shared_prefix_workload(8)
+    config = EngineConfig(24, 4, scheduler=SchedulerConfig("continuous", 4, token_budget=8), step_cost=StepCost())
+    real = Engine(MODEL, config)
+    real.run(copy_requests(requests))
+    sim = Engine(SimulatedModel.like(MODEL), config)
+    outputs = sim.run(copy_requests(requests))
+    assert [(r.start, r.work) for r in sim.step_log] == [(r.start, r.work) for r in real.step_log]
+    assert sim.stats() == real.stats()
+    assert all(o.tokens == [0] * o.request.max_tokens for o in outputs)  # zero logits: greedy picks token 0
+    assert_no_leak(sim)
+    with pytest.raises(ValueError, match="step_cost"):
+        Engine(SimulatedModel.like(MODEL), EngineConfig(24, 4))
+
+
+# ---------------------------------------------------------------------------------------------
+# The chapters' helpers in bench_batching
+
+
+def test_rate_sweep_gives_one_row_per_policy_and_rate_and_continuous_wins_under_load():
+    from minillm.bench_batching import capacity, rate_sweep
+    from minillm.metrics import SLO
+
+    cost = StepCost(fixed=5e-3, per_token=5e-4, per_prefill_token=1e-4)
+    peak = capacity(cost, 20, 20, max_batch=4)
+    assert peak == pytest.approx(1 / (20 * cost(4) / 4 + 20 * 1e-4 + 5e-3))
+    rows = rate_sweep(MODEL.config, [0.2 * peak, 2 * peak], cost, SLO(1.0, 0.05), n_requests=30, max_batch=4,
+                      prompt_median=16, output_median=16, max_len=64)  # fmt: skip
+    assert [(r["policy"], r["rate"]) for r in rows] == [(p, r) for r in (0.2 * peak, 2 * peak)
+                                                        for p in ("static", "dynamic", "continuous")]  # fmt: skip
+    by = {(r["policy"], r["rate"]): r for r in rows}
+    assert by["continuous", 2 * peak]["tokens_per_s"] > 1.2 * by["static", 2 * peak]["tokens_per_s"]
+    assert by["continuous", 0.2 * peak]["ttft_p99_ms"] < by["static", 0.2 * peak]["ttft_p99_ms"]
+    assert all(0 <= r["slo_met_pct"] <= 100 and r["goodput_rps"] <= r["requests_per_s"] + 1e-9 for r in rows)
+
+
+def test_interference_workload_and_itl_figures():
+    from minillm.bench_batching import interference_workload, itl_figures
+
+    requests, chatting = interference_workload(VOCAB, n_chat=2, chat_prompt=4, chat_tokens=12, n_long=2,
+                                               long_prompt=40, long_tokens=2, first=0.02, gap=0.05)  # fmt: skip
+    assert chatting == [0, 1] and [len(r.prompt) for r in requests] == [4, 4, 40, 40]
+    assert [r.arrival for r in requests] == pytest.approx([0, 0, 0.02, 0.07])
+    cost = StepCost(fixed=1e-3, per_token=1e-3, per_prefill_token=1e-3)
+    whole = Engine(MODEL, EngineConfig(40, 4, scheduler=SchedulerConfig("continuous", 4), step_cost=cost))
+    chunked = Engine(MODEL, EngineConfig(40, 4, scheduler=SchedulerConfig("continuous", 4, token_budget=8),
+                                         step_cost=cost))  # fmt: skip
+    a, b = itl_figures(whole.run(requests), chatting), itl_figures(chunked.run(copy_requests(requests)), chatting)
+    assert a["itl_max_ms"] > 2 * b["itl_max_ms"]  # a whole 40-token prefill stalls the decodes; chunks of 6 do not
+    assert a["itl_p50_ms"] <= a["itl_p99_ms"] <= a["itl_max_ms"]
+
+
+def test_prefix_sharing_memory_counts_blocks_exactly():
+    from minillm.bench_batching import prefix_sharing_memory
+
+    m = prefix_sharing_memory(MODEL.config, n=4, system_len=32, suffix_len=8, output_len=8, block_size=4)
+    assert m["without_cache"]["peak_blocks"] == 4 * 12 and m["without_cache"]["prefix_hit_tokens"] == 0
+    assert m["with_cache"]["peak_blocks"] == 8 + 4 * 4 and m["with_cache"]["prefix_hit_tokens"] == 3 * 32
+    assert m["saving_pct"] == pytest.approx(50.0)
+
+
+def test_shared_prompt_arithmetic_and_block_size_rows():
+    from minillm import preset
+    from minillm.bench_batching import block_size_rows, gather_times, shared_prompt_savings
+
+    c = preset("Llama-3-8B")
+    s = shared_prompt_savings(c, 1000, 1e6, concurrent=64, dtype="bf16", peak_flops=1e15, mfu=0.5)
+    assert s["prompt_tokens_per_day"] == 1e9 and s["prefill_flops_per_day"] == 2 * c.num_params() * 1e9
+    assert s["accelerator_hours_per_day"] == pytest.approx(2 * c.num_params() * 1e9 / 5e14 / 3600)
+    assert s["kv_bytes_per_copy"] == 131072 * 1000 and s["kv_bytes_unshared"] == 64 * s["kv_bytes_per_copy"]
+    rows = block_size_rows([16, 17, 100], [1, 16, 64], system_len=1000, context=4096)
+    assert [r["shared_system_tokens"] for r in rows] == [1000, 992, 960]
+    assert [r["table_entries"] for r in rows] == [4096, 256, 64] and rows[0]["waste_pct"] == 0.0
+    times = gather_times(MODEL.config, [1, 8], batch=2, context=32, repeats=2)
+    assert set(times) == {1, 8} and all(t > 0 for t in times.values())
+
+
+def test_plots_draw(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minillm.bench_batching import (
+        plot_batch_timeline,
+        plot_itl,
+        plot_latency_throughput,
+        plot_rate_sweep,
+        plot_step_costs,
+        rate_sweep,
+    )
+    from minillm.metrics import SLO
+
+    cost, slo = StepCost(5e-3, 5e-4, 1e-4), SLO(1.0, 0.05)
+    engines = {}
+    for policy in ("static", "continuous"):
+        engines[policy] = Engine(MODEL, EngineConfig(40, 4, scheduler=SchedulerConfig(policy, 3), step_cost=cost))
+        outputs = engines[policy].run(shared_prefix_workload(6))
+    rows = rate_sweep(MODEL.config, [5.0, 50.0], cost, slo, ("static", "continuous"), n_requests=10, max_batch=3,
+                      prompt_median=8, output_median=8, max_len=32)  # fmt: skip
+    figs = [plot_batch_timeline({p: e.step_log for p, e in engines.items()}, 3, "t"),
+            plot_step_costs(engines["continuous"].step_log, cost), plot_rate_sweep(rows, slo),
+            plot_latency_throughput(rows, slo), plot_itl({"run": outputs}, [0, 1])]  # fmt: skip
+    for i, fig in enumerate(figs):
+        fig.savefig(tmp_path / f"{i}.png")

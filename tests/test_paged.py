@@ -239,3 +239,37 @@ def test_kv_waste_contiguous_vs_paged():
         kv_waste([50], None, max_len=40)
     with pytest.raises(ValueError, match="positive"):
         kv_waste([], 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# The slot of one token, and the block-table picture
+
+
+def test_token_slot_agrees_with_slot_mapping():
+    from minillm.paged import slot_mapping, token_slot
+
+    table = [7, 2, 9]
+    slots = slot_mapping(torch.tensor([table]), torch.arange(12)[None], 4)[0].tolist()
+    assert [token_slot(table, i, 4) for i in range(12)] == slots
+    assert token_slot(table, 5, 4) == 2 * 4 + 1
+    with pytest.raises(IndexError, match="outside"):
+        token_slot(table, 12, 4)
+
+
+def test_plot_block_tables_draws_shared_blocks(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minillm.paged import plot_block_tables
+
+    bm = BlockManager(12, 4)
+    system = random_tokens(8, 0)
+    for sid, toks in ((0, system + [1, 2]), (1, system + [3])):
+        cached = bm.match_prefix(sid, toks)
+        bm.prepare_write(sid, cached, len(toks))
+        bm.commit(sid, toks, len(toks))
+    assert bm.table(0)[:2] == bm.table(1)[:2]
+    fig = plot_block_tables(bm, {0: 10, 1: 9}, title="t")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert sum("ref 2" in t for t in texts) == 2  # the two shared system-prompt blocks are labelled
+    fig.savefig(tmp_path / "tables.png")
