@@ -315,7 +315,6 @@ def prompt_lookup_generate(model: Transformer, input_ids, max_new_tokens: int, k
     return draft_and_verify(model, drafter, single_prompt(input_ids), max_new_tokens, k, params, eos_token_id)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # What to expect: acceptance from distributions, speedup from measured costs, overlap of a copy
 
