@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig, preset
 
-ATTENTION_BACKENDS = ("sdpa", "reference")
+ATTENTION_BACKENDS = ("sdpa", "reference", "triton")  # triton: kernels.dispatch, SDPA where unsupported
 
 
 class Cache(Protocol):
@@ -152,6 +152,15 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal:
     return y.view(batch, n_heads, T, hd)
 
 
+def attention_function(backend: str):
+    """The attention function of a backend name; "triton" imports the kernels only when asked for."""
+    if backend == "triton":
+        from kernels.dispatch import attention_triton  # falls back to SDPA, with a warning, where unsupported
+
+        return attention_triton
+    return attention_sdpa if backend == "sdpa" else attention_reference
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -185,7 +194,7 @@ class Attention(nn.Module):
             cache.record_attention(self.layer_idx, probs)
             y = probs.to(v.dtype) @ v.repeat_interleave(H // Hkv, dim=1)
         else:
-            attend = attention_sdpa if self.backend == "sdpa" else attention_reference
+            attend = attention_function(self.backend)
             y = attend(q, k, v, mask, causal)  # (B, H, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 

@@ -9,6 +9,8 @@ from minillm import ModelConfig, Transformer
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if not torch.cuda.is_available():  # the Triton kernel tests run in its CPU interpreter, set before triton loads
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def tiny_config(**overrides) -> ModelConfig:

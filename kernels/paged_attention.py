@@ -1,0 +1,112 @@
+"""Paged-attention decode kernel in Triton (PagedAttention, Kwon et al., 2023).
+
+At decode each sequence brings one new query token, and its keys and values lie scattered over
+the ``KVPool`` in blocks of ``block_size`` tokens, listed in order by its block table
+(``minillm.paged``). The PyTorch reference, ``minillm.paged.paged_attention_decode``, first
+gathers every sequence's blocks into a contiguous copy, then attends to the copy: the cache is
+read twice and written once more. This kernel reads each key and value straight from its block,
+once, and keeps the softmax online as in FlashAttention-2 (Dao, 2023).
+
+One program serves one (sequence, K/V head) pair and all the ``n_rep`` query heads that share
+that K/V head (grouped-query attention), so each K/V byte is read once per group. It walks the
+sequence's context in tiles of ``TILE`` tokens; token t of the context lies in pool block
+``block_tables[b, t // block_size]`` at slot ``t % block_size``. Context lengths may differ per
+sequence (1 <= length <= table width * block_size); any block size works.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .flash_attention import DTYPES, HEAD_DIMS, LOG2E, interpreting
+
+
+@triton.jit
+def _paged_decode_kernel(
+    Q, K, V, Out, TABLES, LENS,
+    sqb, sqh, sqd,
+    skn, skt, skh, skd,
+    svn, svt, svh, svd,
+    sob, soh, sod,
+    stb, stm,
+    n_rep, block_size, scale_log2,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program: sequence b, K/V head kv_h, its n_rep query heads (padded to GROUP rows)."""
+    b, kv_h = tl.program_id(0), tl.program_id(1)
+    ctx_len = tl.load(LENS + b)
+    offs_g = tl.arange(0, GROUP)  # query heads kv_h * n_rep + g
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = kv_h * n_rep + offs_g
+    q_ptrs = Q + b * sqb + heads[:, None] * sqh + offs_d[None, :] * sqd
+    q = tl.load(q_ptrs, mask=offs_g[:, None] < n_rep, other=0.0)  # (GROUP, hd)
+
+    m_i = tl.full((GROUP,), float("-inf"), tl.float32)
+    l_i = tl.zeros((GROUP,), tl.float32)
+    acc = tl.zeros((GROUP, HEAD_DIM), tl.float32)
+    for start in range(0, ctx_len, TILE):
+        tok = start + tl.arange(0, TILE)  # (TILE,) context positions
+        valid = tok < ctx_len
+        block = tl.load(TABLES + b * stb + (tok // block_size) * stm, mask=valid, other=0)  # pool block of each token
+        slot = tok % block_size
+        k_ptrs = K + block[:, None] * skn + slot[:, None] * skt + kv_h * skh + offs_d[None, :] * skd
+        v_ptrs = V + block[:, None] * svn + slot[:, None] * svt + kv_h * svh + offs_d[None, :] * svd
+        k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)  # (TILE, hd)
+        v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)  # (TILE, hd)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (GROUP, TILE)
+        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the first tile holds token 0
+        p = tl.math.exp2(s - m_new[:, None])  # (GROUP, TILE)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    o_ptrs = Out + b * sob + heads[:, None] * soh + offs_d[None, :] * sod
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_g[:, None] < n_rep)
+
+
+def check_paged_inputs(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, context_lens: Tensor) -> None:
+    """Raise ValueError naming the first thing the kernel does not support."""
+    if q.dim() != 3 or k_pool.dim() != 4 or v_pool.shape != k_pool.shape:
+        raise ValueError(f"need q (B, H, hd) and pools (num_blocks, block_size, Hkv, hd); got {tuple(q.shape)}, "
+                         f"{tuple(k_pool.shape)}, {tuple(v_pool.shape)}")  # fmt: skip
+    B, H, hd = q.shape
+    if k_pool.shape[3] != hd or H % k_pool.shape[2]:
+        raise ValueError(f"q {tuple(q.shape)} does not fit pools {tuple(k_pool.shape)} (head dim, GQA ratio)")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or context_lens.shape != (B,):
+        raise ValueError(f"need block_tables (B, M) and context_lens (B,) for B={B}; got "
+                         f"{tuple(block_tables.shape)}, {tuple(context_lens.shape)}")  # fmt: skip
+    if hd not in HEAD_DIMS:
+        raise ValueError(f"head dim {hd} is not supported by the Triton kernel (supported: {HEAD_DIMS})")
+    if q.dtype not in DTYPES or k_pool.dtype != q.dtype or v_pool.dtype != q.dtype:
+        raise ValueError(f"dtypes {q.dtype}, {k_pool.dtype}, {v_pool.dtype}: need one of {DTYPES} for all three")
+    if q.device.type != "cuda" and not interpreting():
+        raise ValueError(f"tensors on {q.device}: the kernel needs CUDA (or TRITON_INTERPRET=1 on the CPU)")
+
+
+def paged_attention_decode_triton(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor,
+                                  context_lens: Tensor) -> Tensor:  # fmt: skip
+    """q (B, H, hd); pools (num_blocks, block_size, Hkv, hd); tables (B, M); lens (B,) -> (B, H, hd).
+
+    Same contract as ``minillm.paged.paged_attention_decode``; every length must be >= 1.
+    """
+    check_paged_inputs(q, k_pool, v_pool, block_tables, context_lens)
+    B, H, hd = q.shape
+    n_kv, block_size = k_pool.shape[2], k_pool.shape[1]
+    n_rep = H // n_kv
+    group = max(16, triton.next_power_of_2(n_rep))  # tl.dot needs at least 16 rows
+    tile = 16 if interpreting() else 64
+    out = torch.empty_like(q)
+    _paged_decode_kernel[(B, n_kv)](
+        q, k_pool, v_pool, out, block_tables, context_lens,
+        *q.stride(), *k_pool.stride(), *v_pool.stride(), *out.stride(), *block_tables.stride(),
+        n_rep, block_size, LOG2E / math.sqrt(hd),
+        HEAD_DIM=hd, GROUP=group, TILE=tile, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+    )  # fmt: skip
+    return out
