@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 TORCH_CPU ?= torch==2.13.0
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup test lint book execute exercises lab bench clean help
+.PHONY: setup test lint book execute exercises lab bench gpu-check clean help
 
 help:
 	@echo "make test   install everything into $(VENV), then run ruff and the test suite"
@@ -18,6 +18,7 @@ help:
 	@echo "make exercises    regenerate exercises/ from solutions/"
 	@echo "make bench  run the generation benchmark (minillm vs transformers, cache vs recompute)"
 	@echo "make lab    install and open JupyterLab"
+	@echo "make gpu-check  on a CUDA machine: kernel correctness and speed -> results/<gpu>/gpu_check.json"
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +41,9 @@ test: lint
 
 bench: setup
 	$(PY) -m minillm bench generate
+
+gpu-check: setup
+	$(PY) -m kernels.gpu_check
 
 book: setup
 	$(VENV)/bin/jupyter-book build . --warningiserror --keep-going
