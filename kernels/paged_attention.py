@@ -12,6 +12,12 @@ that K/V head (grouped-query attention), so each K/V byte is read once per group
 sequence's context in tiles of ``TILE`` tokens; token t of the context lies in pool block
 ``block_tables[b, t // block_size]`` at slot ``t % block_size``. Context lengths may differ per
 sequence (1 <= length <= table width * block_size); any block size works.
+
+With few sequences there are too few (sequence, head) programs to keep a large GPU's memory
+system busy, so the context may also be split into ``splits`` chunks, each its own program
+(split-K, as in Flash-Decoding, Dao et al., 2023). Each chunk leaves its running max, sum and
+unnormalized output; ``combine_splits`` merges them with the same rescaling rule as the online
+softmax.
 """
 
 from __future__ import annotations
@@ -34,12 +40,16 @@ def _paged_decode_kernel(
     svn, svt, svh, svd,
     sob, soh, sod,
     stb, stm,
-    n_rep, block_size, scale_log2,
-    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    M_PART, L_PART, ACC_PART,
+    n_heads, n_rep, block_size, scale_log2, chunk,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """One program: sequence b, K/V head kv_h, its n_rep query heads (padded to GROUP rows)."""
-    b, kv_h = tl.program_id(0), tl.program_id(1)
+    """One program: sequence b, K/V head kv_h, its n_rep query heads (padded to GROUP rows), and
+    the context tokens [split * chunk, (split + 1) * chunk) of that sequence."""
+    b, kv_h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx_len = tl.load(LENS + b)
+    lo = split * chunk
+    hi = tl.minimum(ctx_len, lo + chunk)
     offs_g = tl.arange(0, GROUP)  # query heads kv_h * n_rep + g
     offs_d = tl.arange(0, HEAD_DIM)
     heads = kv_h * n_rep + offs_g
@@ -49,9 +59,9 @@ def _paged_decode_kernel(
     m_i = tl.full((GROUP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GROUP,), tl.float32)
     acc = tl.zeros((GROUP, HEAD_DIM), tl.float32)
-    for start in range(0, ctx_len, TILE):
+    for start in range(lo, hi, TILE):
         tok = start + tl.arange(0, TILE)  # (TILE,) context positions
-        valid = tok < ctx_len
+        valid = tok < hi
         block = tl.load(TABLES + b * stb + (tok // block_size) * stm, mask=valid, other=0)  # pool block of each token
         slot = tok % block_size
         k_ptrs = K + block[:, None] * skn + slot[:, None] * skt + kv_h * skh + offs_d[None, :] * skd
@@ -60,15 +70,38 @@ def _paged_decode_kernel(
         v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)  # (TILE, hd)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (GROUP, TILE)
         s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the first tile holds token 0
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile in [lo, hi) holds a valid token
         p = tl.math.exp2(s - m_new[:, None])  # (GROUP, TILE)
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
-    out = acc / l_i[:, None]
-    o_ptrs = Out + b * sob + heads[:, None] * soh + offs_d[None, :] * sod
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_g[:, None] < n_rep)
+    is_head = offs_g < n_rep
+    if SPLIT:  # partial results, merged by combine_splits; an empty chunk leaves m = -inf, l = 0
+        n_splits = tl.num_programs(2)
+        row = (b * n_heads + heads) * n_splits + split  # (GROUP,) into (B, H, splits)
+        tl.store(M_PART + row, m_i, mask=is_head)
+        tl.store(L_PART + row, l_i, mask=is_head)
+        tl.store(ACC_PART + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=is_head[:, None])
+    else:
+        out = acc / l_i[:, None]
+        o_ptrs = Out + b * sob + heads[:, None] * soh + offs_d[None, :] * sod
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=is_head[:, None])
+
+
+def combine_splits(m: Tensor, l: Tensor, acc: Tensor, dtype: torch.dtype) -> Tensor:  # noqa: E741
+    """Merge per-chunk softmax states: m, l (B, H, P) in log2 units, acc (B, H, P, hd) -> (B, H, hd)."""
+    m_max = m.amax(dim=-1, keepdim=True)  # (B, H, 1), finite: chunk 0 always holds token 0
+    w = torch.exp2(m - m_max)  # (B, H, P), 0 for empty chunks
+    return ((acc * w[..., None]).sum(dim=2) / (l * w).sum(dim=-1)[..., None]).to(dtype)
+
+
+def num_splits(batch: int, n_kv: int, max_tokens: int, tile: int, device: torch.device) -> int:
+    """Enough chunks for about 4 programs per SM, each chunk at least 4 tiles long."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(4 * sms, batch * n_kv), triton.cdiv(max_tokens, 4 * tile)))
 
 
 def check_paged_inputs(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, context_lens: Tensor) -> None:
@@ -91,10 +124,11 @@ def check_paged_inputs(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: 
 
 
 def paged_attention_decode_triton(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor,
-                                  context_lens: Tensor) -> Tensor:  # fmt: skip
+                                  context_lens: Tensor, splits: int | None = None) -> Tensor:  # fmt: skip
     """q (B, H, hd); pools (num_blocks, block_size, Hkv, hd); tables (B, M); lens (B,) -> (B, H, hd).
 
     Same contract as ``minillm.paged.paged_attention_decode``; every length must be >= 1.
+    ``splits`` chunks per sequence (split-K); by default enough to fill the GPU.
     """
     check_paged_inputs(q, k_pool, v_pool, block_tables, context_lens)
     B, H, hd = q.shape
@@ -102,11 +136,19 @@ def paged_attention_decode_triton(q: Tensor, k_pool: Tensor, v_pool: Tensor, blo
     n_rep = H // n_kv
     group = max(16, triton.next_power_of_2(n_rep))  # tl.dot needs at least 16 rows
     tile = 16 if interpreting() else 64
+    max_tokens = block_tables.shape[1] * block_size
+    splits = splits or num_splits(B, n_kv, max_tokens, tile, q.device)
+    chunk = triton.cdiv(triton.cdiv(max_tokens, splits), tile) * tile  # tokens per chunk, whole tiles
     out = torch.empty_like(q)
-    _paged_decode_kernel[(B, n_kv)](
+    m_part = torch.empty(B, H, splits, device=q.device, dtype=torch.float32)  # unused when splits == 1
+    l_part = torch.empty_like(m_part)
+    acc_part = torch.empty(B, H, splits, hd, device=q.device, dtype=torch.float32)
+    _paged_decode_kernel[(B, n_kv, splits)](
         q, k_pool, v_pool, out, block_tables, context_lens,
         *q.stride(), *k_pool.stride(), *v_pool.stride(), *out.stride(), *block_tables.stride(),
-        n_rep, block_size, LOG2E / math.sqrt(hd),
-        HEAD_DIM=hd, GROUP=group, TILE=tile, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+        m_part, l_part, acc_part,
+        H, n_rep, block_size, LOG2E / math.sqrt(hd), chunk,
+        HEAD_DIM=hd, GROUP=group, TILE=tile, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SPLIT=splits > 1, num_warps=4,
     )  # fmt: skip
-    return out
+    return combine_splits(m_part, l_part, acc_part, q.dtype) if splits > 1 else out

@@ -118,12 +118,14 @@ PAGED_CASES = [
 ]
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=["whole", "split3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("case", PAGED_CASES, ids=lambda c: f"B{c[0]}H{c[1]}kv{c[2]}hd{c[3]}bs{c[4]}")
-def test_paged_decode_matches_gather_reference(case, dtype):
+def test_paged_decode_matches_gather_reference(case, dtype, splits):
+    """One program per (sequence, K/V head), or the context split in 3 chunks (some of them empty)."""
     q, k_pool, v_pool, tables, lens = _paged_case(*case, dtype=dtype, seed=case[4])
     ref = paged_attention_decode(q.float(), k_pool.float(), v_pool.float(), tables, lens)
-    _assert_close(paged_attention_decode_triton(q, k_pool, v_pool, tables, lens), ref, dtype)
+    _assert_close(paged_attention_decode_triton(q, k_pool, v_pool, tables, lens, splits=splits), ref, dtype)
 
 
 def test_paged_decode_rejects_mismatched_tables():
