@@ -70,6 +70,41 @@ def attention_tiled(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, block
 
 
 @triton.jit
+def _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale_log2, m_i, l_i, acc,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                 PRECISION: tl.constexpr):  # fmt: skip
+    """Fold keys start_n .. start_n + BLOCK_N into the running (m, l, acc) of BLOCK_M query rows.
+
+    MASKED tiles (the last, ragged one; those on the causal diagonal) check bounds and causality;
+    the others, most of them, skip that work.
+    """
+    offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
+    offs_d = tl.arange(0, HEAD_DIM)
+    k_ptrs = k_base + offs_n[:, None] * skt + offs_d[None, :] * skd
+    v_ptrs = v_base + offs_n[:, None] * svt + offs_d[None, :] * svd
+    if MASKED:
+        in_range = offs_n < S
+        k = tl.load(k_ptrs, mask=in_range[:, None], other=0.0)  # (BLOCK_N, hd)
+        v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_M, BLOCK_N) fp32, log2 units
+    if MASKED:
+        visible = in_range[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet
+    p = tl.math.exp2(s - m_safe[:, None])  # (BLOCK_M, BLOCK_N)
+    alpha = tl.math.exp2(m_i - m_safe)  # rescale of the old sums: the heart of the online softmax
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _flash_fwd_kernel(
     Q, K, V, Out,
     sqb, sqh, sqt, sqd,
@@ -95,27 +130,19 @@ def _flash_fwd_kernel(
     l_i = tl.zeros((BLOCK_M,), tl.float32)  # running softmax denominator
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)  # running unnormalized output
     q_pos = offs_m + (S - T)  # query i sits at position S - T + i
-    end = S
     if CAUSAL:
-        end = tl.minimum(S, (pid_m + 1) * BLOCK_M + (S - T))  # later tiles are entirely in the future
-    for start_n in range(0, end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
-        in_range = offs_n < S
-        k = tl.load(k_base + offs_n[:, None] * skt + offs_d[None, :] * skd, mask=in_range[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svt + offs_d[None, :] * svd, mask=in_range[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32
-        s = s * scale_log2
-        visible = in_range[None, :]
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])  # (BLOCK_M, BLOCK_N)
-        alpha = tl.math.exp2(m_i - m_safe)  # rescale of the old sums: the heart of the online softmax
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        first_q = pid_m * BLOCK_M + (S - T)  # the tile's first query: every row sees the keys before it
+        n_full = (first_q // BLOCK_N) * BLOCK_N
+        end = tl.minimum(S, (pid_m + 1) * BLOCK_M + (S - T))  # later keys are in every row's future
+    else:
+        n_full = (S // BLOCK_N) * BLOCK_N
+        end = S
+    for start_n in range(0, n_full, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale_log2,
+                                     m_i, l_i, acc, False, CAUSAL, HEAD_DIM, BLOCK_N, PRECISION)  # fmt: skip
+    for start_n in range(n_full, end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale_log2,
+                                     m_i, l_i, acc, True, CAUSAL, HEAD_DIM, BLOCK_N, PRECISION)  # fmt: skip
     out = acc / l_i[:, None]  # the one division, at the end (FlashAttention-2)
     o_ptrs = Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_m[:, None] < T)
