@@ -168,13 +168,22 @@ def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"tensors on {q.device}: the kernel needs CUDA (or TRITON_INTERPRET=1 on the CPU)")
 
 
-def _tile_sizes(hd: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages): small tiles in the interpreter, GPU-sized otherwise."""
+def shared_memory_bytes(device: torch.device) -> int:
+    """On-chip shared memory one program may use: ~227 KB on A100/H100/H200, ~99 KB on L4, 64 KB on T4."""
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 49152)
+
+
+def _tile_sizes(hd: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): small tiles in the interpreter; on a GPU, as large
+    as its shared memory holds (a Q tile plus num_stages K and V tiles in flight)."""
     if interpreting():
         return 16, 16, 4, 1
+    smem = shared_memory_bytes(device)
     if dtype == torch.float32:
-        return 64, 32, 4, 2
-    return (128, 64, 8, 3) if hd == 128 else (128, 64, 4, 3)
+        return (64, 32, 4, 2) if smem >= 160 * 1024 else (32, 32, 4, 1)
+    if smem >= 160 * 1024:
+        return (128, 64, 8, 3) if hd == 128 else (128, 64, 4, 3)
+    return (64, 64, 4, 2) if smem >= 96 * 1024 else (64, 32, 4, 2)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
@@ -183,7 +192,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     check_attention_inputs(q, k, v)
     B, H, T, hd = q.shape
     S = k.shape[2]
-    bm, bn, warps, stages = _tile_sizes(hd, q.dtype)
+    bm, bn, warps, stages = _tile_sizes(hd, q.dtype, q.device)
     bm, bn = block_m or bm, block_n or bn
     out = torch.empty_like(q)
     grid = (triton.cdiv(T, bm), B * H)

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .flash_attention import DTYPES, HEAD_DIMS, LOG2E, interpreting
+from .flash_attention import DTYPES, HEAD_DIMS, LOG2E, interpreting, shared_memory_bytes
 
 
 @triton.jit
@@ -135,7 +135,8 @@ def paged_attention_decode_triton(q: Tensor, k_pool: Tensor, v_pool: Tensor, blo
     n_kv, block_size = k_pool.shape[2], k_pool.shape[1]
     n_rep = H // n_kv
     group = max(16, triton.next_power_of_2(n_rep))  # tl.dot needs at least 16 rows
-    tile = 16 if interpreting() else 64
+    small_smem = not interpreting() and shared_memory_bytes(q.device) < 96 * 1024  # e.g. a T4
+    tile = 16 if interpreting() else 32 if small_smem else 64  # tokens per step
     max_tokens = block_tables.shape[1] * block_size
     splits = splits or num_splits(B, n_kv, max_tokens, tile, q.device)
     chunk = triton.cdiv(triton.cdiv(max_tokens, splits), tile) * tile  # tokens per chunk, whole tiles
@@ -149,6 +150,6 @@ def paged_attention_decode_triton(q: Tensor, k_pool: Tensor, v_pool: Tensor, blo
         m_part, l_part, acc_part,
         H, n_rep, block_size, LOG2E / math.sqrt(hd), chunk,
         HEAD_DIM=hd, GROUP=group, TILE=tile, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        SPLIT=splits > 1, num_warps=4,
+        SPLIT=splits > 1, num_warps=4, num_stages=1 if interpreting() else 2,
     )  # fmt: skip
     return combine_splits(m_part, l_part, acc_part, q.dtype) if splits > 1 else out
