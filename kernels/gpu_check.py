@@ -127,44 +127,76 @@ def _dtypes() -> list[torch.dtype]:
 TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-4}
 
 
-def check_correctness() -> dict:
-    """Every kernel against its reference, in each dtype the GPU supports natively."""
+def _guarded_row(rows: list, meta: dict, max_err: Callable[[], float], tol: float) -> None:
+    """Append one correctness row; an exception (e.g. out of shared memory) is recorded, not raised."""
+    try:
+        err = max_err()
+        rows.append({**meta, "max_err": err, "ok": err < tol})
+    except SectionTimeout:
+        raise
+    except Exception as exc:
+        rows.append({**meta, "error": f"{type(exc).__name__}: {exc}"[:500], "ok": False})
+
+
+def _randn(*shape: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
+
+
+def _flash_error(B, H, Hkv, T, S, hd, causal, dtype, g) -> float:
     from kernels.flash_attention import flash_attention
+    from minillm.model import attention_reference
+
+    q = _randn(B, H, T, hd, dtype=dtype, g=g)  # (B, H, T, hd)
+    k, v = _randn(B, Hkv, S, hd, dtype=dtype, g=g), _randn(B, Hkv, S, hd, dtype=dtype, g=g)  # (B, Hkv, S, hd)
+    ref = attention_reference(q.float(), k.float(), v.float(), None, causal)
+    return _max_err(flash_attention(q, k, v, causal), ref)
+
+
+def _paged_error(H, Hkv, hd, bs, lens, dtype, g) -> float:
     from kernels.paged_attention import paged_attention_decode_triton
-    from kernels.rmsnorm import rms_norm
-    from minillm.model import attention_reference, rms_norm_reference
     from minillm.paged import paged_attention_decode
 
-    rows = []
+    B, width = len(lens), -(-max(lens) // bs)
+    num_blocks = B * width + 5
+    k_pool = _randn(num_blocks, bs, Hkv, hd, dtype=dtype, g=g)  # (num_blocks, bs, Hkv, hd)
+    v_pool = _randn(num_blocks, bs, Hkv, hd, dtype=dtype, g=g)
+    tables = torch.randperm(num_blocks)[: B * width].view(B, width).cuda()  # (B, M), scattered blocks
+    lens_t, q = torch.tensor(lens, device="cuda"), _randn(B, H, hd, dtype=dtype, g=g)
+    ref = paged_attention_decode(q.float(), k_pool.float(), v_pool.float(), tables, lens_t)
+    return _max_err(paged_attention_decode_triton(q, k_pool, v_pool, tables, lens_t), ref)
+
+
+def _rms_norm_error(dtype, g) -> float:
+    from kernels.rmsnorm import rms_norm
+    from minillm.model import rms_norm_reference
+
+    x, res = _randn(64, 4096, dtype=dtype, g=g), _randn(64, 4096, dtype=dtype, g=g)  # (rows, D)
+    w = 1 + 0.1 * _randn(4096, dtype=dtype, g=g)  # near 1, as trained norms are: outputs stay O(1)
+    y, new_res = rms_norm(x, w, 1e-5, residual=res)
+    return max(_max_err(y, rms_norm_reference(x + res, w, 1e-5)), _max_err(new_res, x + res),
+               _max_err(rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5)))  # fmt: skip
+
+
+FLASH_CASES = [(2, 8, 8, 300, 300, 64, True), (1, 32, 8, 129, 1000, 128, True), (2, 8, 1, 77, 77, 128, False),
+               (1, 16, 4, 1, 513, 64, False)]  # (B, H, Hkv, T, S, hd, causal)  # fmt: skip
+PAGED_CASES = [(32, 8, 128, 16, [1, 700, 4097]), (8, 8, 64, 32, [65, 3])]  # (H, Hkv, hd, block_size, lens)
+
+
+def check_correctness(deadline: float, out: dict) -> None:
+    """Every kernel against its reference, in each dtype the GPU supports natively."""
+    rows = out["rows"] = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for dtype in _dtypes():
         tol, name = TOLERANCE[dtype], str(dtype).removeprefix("torch.")
-        for B, H, Hkv, T, S, hd, causal in [(2, 8, 8, 300, 300, 64, True), (1, 32, 8, 129, 1000, 128, True),
-                                             (2, 8, 1, 77, 77, 128, False), (1, 16, 4, 1, 513, 64, False)]:  # fmt: skip
-            q = torch.randn(B, H, T, hd, device="cuda", dtype=dtype, generator=g)
-            k, v = (torch.randn(B, Hkv, S, hd, device="cuda", dtype=dtype, generator=g) for _ in range(2))
-            err = _max_err(flash_attention(q, k, v, causal), attention_reference(q.float(), k.float(), v.float(), None,
-                                                                                 causal))  # fmt: skip
-            rows.append({"kernel": "flash_attention", "dtype": name, "shape": [B, H, Hkv, T, S, hd], "causal": causal,
-                         "max_err": err, "ok": err < tol})  # fmt: skip
-        for H, Hkv, hd, bs, lens in [(32, 8, 128, 16, [1, 700, 4097]), (8, 8, 64, 32, [65, 3])]:
-            B, width = len(lens), -(-max(lens) // bs)
-            num_blocks = B * width + 5
-            pools = [torch.randn(num_blocks, bs, Hkv, hd, device="cuda", dtype=dtype, generator=g) for _ in range(2)]
-            tables = torch.randperm(num_blocks)[: B * width].view(B, width).cuda()
-            lens_t = torch.tensor(lens, device="cuda")
-            q = torch.randn(B, H, hd, device="cuda", dtype=dtype, generator=g)
-            ref = paged_attention_decode(q.float(), pools[0].float(), pools[1].float(), tables, lens_t)
-            err = _max_err(paged_attention_decode_triton(q, *pools, tables, lens_t), ref)
-            rows.append({"kernel": "paged_attention_decode", "dtype": name, "shape": [H, Hkv, hd, bs, lens],
-                         "max_err": err, "ok": err < tol})  # fmt: skip
-        x, res = (torch.randn(64, 4096, device="cuda", dtype=dtype, generator=g) for _ in range(2))
-        w = torch.randn(4096, device="cuda", dtype=dtype, generator=g)
-        y, new_res = rms_norm(x, w, 1e-5, residual=res)
-        err = max(_max_err(y, rms_norm_reference(x + res, w, 1e-5)), _max_err(new_res, x + res),
-                  _max_err(rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5)))  # fmt: skip
-        rows.append({"kernel": "rms_norm", "dtype": name, "shape": [64, 4096], "max_err": err, "ok": err < tol * 4})
-    return {"rows": rows, "all_ok": all(r["ok"] for r in rows)}
+        for case in FLASH_CASES:
+            meta = {"kernel": "flash_attention", "dtype": name, "shape": list(case[:6]), "causal": case[6]}
+            _guarded_row(rows, meta, lambda c=case, d=dtype: _flash_error(*c, d, g), tol)
+        for case in PAGED_CASES:
+            meta = {"kernel": "paged_attention_decode", "dtype": name, "shape": list(case)}
+            _guarded_row(rows, meta, lambda c=case, d=dtype: _paged_error(*c, d, g), tol)
+        meta = {"kernel": "rms_norm", "dtype": name, "shape": [64, 4096]}
+        _guarded_row(rows, meta, lambda d=dtype: _rms_norm_error(d, g), tol * 4)
+    out["all_ok"] = all(r["ok"] for r in rows)
 
 
 def _naive_fits(B: int, H: int, T: int) -> bool:
@@ -198,22 +230,33 @@ def _attention_row(hd: int, T: int, causal: bool, dtype: torch.dtype) -> dict:
     return row
 
 
-def attention_speed(deadline: float) -> dict:
+def attention_speed(deadline: float, out: dict) -> None:
     """TFLOP/s of the fused kernel, SDPA's flash backend and the naive version; the goal case first."""
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-    rows = []
+    rows = out["rows"] = []
     for hd in (128, 64):
         for T in (4096, 1024, 16384):
             for causal in (True, False):
                 if time.monotonic() > deadline:
                     rows.append({"hd": hd, "seq": T, "causal": causal, "skipped": "time budget"})
                     continue
-                rows.append(_attention_row(hd, T, causal, dtype))
+                rows.append(_guarded(lambda h=hd, t=T, c=causal: _attention_row(h, t, c, dtype),
+                                     {"hd": hd, "seq": T, "causal": causal}))  # fmt: skip
                 torch.cuda.empty_cache()
     goal_row = next((r for r in rows if r.get("hd") == 128 and r.get("seq") == 4096 and r.get("causal")), {})
     met = _ratio(goal_row.get("triton_tflops"), goal_row.get("sdpa_flash_tflops"))
-    goal = {"text": GOALS["attention_vs_sdpa"], "ratio": met, "met": met is not None and met >= 1}
-    return {"rows": rows, "goal": goal}
+    out["goal"] = {"text": GOALS["attention_vs_sdpa"], "ratio": met, "met": met is not None and met >= 1}
+
+
+def _guarded(make_row: Callable[[], dict], meta: dict) -> dict:
+    """make_row(), or meta with the error when it raises (a time-limit stop still propagates)."""
+    try:
+        return make_row()
+    except SectionTimeout:
+        raise
+    except Exception as exc:
+        torch.cuda.empty_cache()
+        return {**meta, "error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
 def _tflops(flops: float, fn: Callable[[], object]) -> float | str:
@@ -249,23 +292,24 @@ def _paged_row(B: int, ctx: int, H: int, Hkv: int, hd: int, bs: int, dtype: torc
     return row
 
 
-def paged_bandwidth(deadline: float) -> dict:
+def paged_bandwidth(deadline: float, out: dict) -> None:
     """GB/s of the paged decode kernel (Llama-3-8B attention shape, blocks scattered) vs a plain copy."""
     from minillm.roofline import measure_bandwidth
 
     copy_bw = max(measure_bandwidth("cuda", megabytes=1024) for _ in range(3))
+    out["copy_GB_s"] = copy_bw / 1e9
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-    shape = {"H": 32, "Hkv": 8, "hd": 128, "bs": 16}
-    rows = []
+    shape = out["shape"] = {"H": 32, "Hkv": 8, "hd": 128, "bs": 16}
+    rows = out["rows"] = []
     for B, ctx in [(64, 4096), (16, 16384), (8, 32768), (1, 131072)]:
         if time.monotonic() > deadline:
             rows.append({"batch": B, "context": ctx, "skipped": "time budget"})
             continue
-        rows.append(_paged_row(B, ctx, **shape, dtype=dtype, copy_bw=copy_bw))
+        rows.append(_guarded(lambda b=B, c=ctx: _paged_row(b, c, **shape, dtype=dtype, copy_bw=copy_bw),
+                             {"batch": B, "context": ctx}))  # fmt: skip
         torch.cuda.empty_cache()
     best = max((r["pct_of_copy"] for r in rows if "pct_of_copy" in r), default=None)
-    goal = {"text": GOALS["paged_bandwidth"], "best_pct": best, "met": best is not None and best >= 0.7}
-    return {"copy_GB_s": copy_bw / 1e9, "shape": shape, "rows": rows, "goal": goal}
+    out["goal"] = {"text": GOALS["paged_bandwidth"], "best_pct": best, "met": best is not None and best >= 0.7}
 
 
 class StaticDecodeCache:
@@ -318,7 +362,7 @@ def _mark_step(compiled: bool) -> None:
         torch.compiler.cudagraph_mark_step_begin()
 
 
-def decode_speed(deadline: float, gpu_name: str) -> dict:
+def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
     """Batch-1 greedy decode of a random Llama-3-8B-shaped model: eager vs torch.compile + CUDA graphs."""
     from minillm import random_model
     from minillm.roofline import measure_bandwidth
@@ -326,7 +370,8 @@ def decode_speed(deadline: float, gpu_name: str) -> dict:
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     free, _ = torch.cuda.mem_get_info()
     if free < 20e9:
-        return {"skipped": f"needs ~17 GB free for Llama-3-8B in 16 bits, {free / 1e9:.1f} GB free"}
+        out["skipped"] = f"needs ~17 GB free for Llama-3-8B in 16 bits, {free / 1e9:.1f} GB free"
+        return
     model = random_model("Llama-3-8B", "cuda", dtype)
     max_len, steps = 512, 64
     cache = StaticDecodeCache(model.config, 1, max_len, dtype)
@@ -340,8 +385,10 @@ def decode_speed(deadline: float, gpu_name: str) -> dict:
     def step(token, pos):  # (1, 1), (1, 1) -> next token (1, 1)
         return model(token, pos, cache)[:, -1].argmax(-1, keepdim=True)
 
-    out = {"model": "Llama-3-8B (random weights)", "dtype": str(dtype)[6:], "batch": 1, "cache_slots": max_len,
-           "bytes_per_step": step_bytes, "datasheet_GB_s": peak and peak / 1e9, "copy_GB_s": copy_bw / 1e9}  # fmt: skip
+    out.update(model="Llama-3-8B (random weights)", dtype=str(dtype)[6:], batch=1, cache_slots=max_len,
+               bytes_per_step=step_bytes, datasheet_GB_s=peak and peak / 1e9, copy_GB_s=copy_bw / 1e9)  # fmt: skip
+    out["goal"] = {"text": GOALS["compiled_decode_mbu"], "mbu": None, "met": False,
+                   "mbu_against": "datasheet" if peak else "measured copy bandwidth"}  # fmt: skip
     for name, fn, compiled in [("eager", step, False), ("compiled", None, True)]:
         if time.monotonic() > deadline:
             out[name] = {"skipped": "time budget"}
@@ -352,28 +399,28 @@ def decode_speed(deadline: float, gpu_name: str) -> dict:
             bw = tps * step_bytes
             out[name] = {"tokens_per_s": tps, "GB_s": bw / 1e9, "mbu": bw / (peak or copy_bw),
                          "mbu_vs_copy": bw / copy_bw}  # fmt: skip
-        except SectionTimeout:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # a time-limit stop included: the eager figures are kept
             out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            if isinstance(exc, SectionTimeout):
+                break
     mbu = out.get("compiled", {}).get("mbu")
-    out["goal"] = {"text": GOALS["compiled_decode_mbu"], "mbu": mbu, "met": mbu is not None and mbu >= 0.6,
-                   "mbu_against": "datasheet" if peak else "measured copy bandwidth"}  # fmt: skip
-    return out
+    out["goal"].update(mbu=mbu, met=mbu is not None and mbu >= 0.6)
 
 
-def run_section(report: dict, name: str, fn: Callable[[float], dict], out_path: Path) -> None:
-    """Run one section under its time limit; record its result or its error, then save the JSON."""
+def run_section(report: dict, name: str, fn: Callable[[float, dict], None], out_path: Path) -> None:
+    """Run one section under its time limit, filling its dict as it goes (so a failure or a time-out
+    keeps what was measured before it); record any error, then save the JSON."""
     limit = SECTION_LIMITS_S[name]
     t0 = time.monotonic()
     print(f"[gpu_check] {name} (limit {limit} s) ...", flush=True)
+    section = report["sections"][name] = {}
     try:
         with time_limit(limit):
-            report["sections"][name] = fn(t0 + 0.8 * limit)  # soft deadline: stop starting new cases
+            fn(t0 + 0.8 * limit, section)  # soft deadline: stop starting new cases
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        report["sections"][name] = {"error": error, "traceback": traceback.format_exc()[-2000:]}
-    report["sections"][name]["seconds"] = round(time.monotonic() - t0, 1)
+        section["error"] = f"{type(exc).__name__}: {exc}"
+        section["traceback"] = traceback.format_exc()[-2000:]
+    section["seconds"] = round(time.monotonic() - t0, 1)
     torch.cuda.empty_cache()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=2, default=str))
@@ -409,10 +456,10 @@ def main(argv: list[str] | None = None) -> int:
               "triton": triton.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "goals": GOALS, "sections": {}}  # fmt: skip
     sections = {
-        "correctness": lambda deadline: check_correctness(),
+        "correctness": check_correctness,
         "attention_speed": attention_speed,
         "paged_bandwidth": paged_bandwidth,
-        "decode": lambda deadline: decode_speed(deadline, gpu_name),
+        "decode": lambda deadline, out: decode_speed(deadline, out, gpu_name),
     }
     for name, fn in sections.items():
         run_section(report, name, fn, out_path)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,9 +86,28 @@ def test_section_errors_are_recorded_not_raised(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     report = {"sections": {}}
 
-    def broken(deadline):
+    def broken(deadline, out):
+        out["rows"] = ["measured before the failure"]
         raise RuntimeError("boom")
 
     gpu_check.run_section(report, "correctness", broken, tmp_path / "out.json")
-    assert report["sections"]["correctness"]["error"] == "RuntimeError: boom"
-    assert (tmp_path / "out.json").exists()
+    section = report["sections"]["correctness"]
+    assert section["error"] == "RuntimeError: boom"
+    assert section["rows"] == ["measured before the failure"]
+    assert json.loads((tmp_path / "out.json").read_text())["sections"]["correctness"]["error"] == "RuntimeError: boom"
+
+
+def test_a_section_past_its_limit_is_stopped_and_keeps_its_figures(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setitem(gpu_check.SECTION_LIMITS_S, "slow", 1)
+    report = {"sections": {}}
+
+    def slow(deadline, out):
+        out["first"] = 1.0
+        time.sleep(5)
+        out["second"] = 2.0
+
+    gpu_check.run_section(report, "slow", slow, tmp_path / "out.json")
+    section = report["sections"]["slow"]
+    assert section["error"].startswith("SectionTimeout") and section["first"] == 1.0 and "second" not in section
+    assert section["seconds"] < 4
