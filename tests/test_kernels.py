@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 
+from minillm import generate
 from minillm.model import attention_reference, rms_norm_reference
 from minillm.paged import paged_attention_decode
 from tests.conftest import tiny_model
@@ -162,6 +163,16 @@ def test_triton_backend_runs_the_model(monkeypatch):
     monkeypatch.setattr(dispatch, "warn_once", lambda reason: pytest.fail(f"fell back: {reason}"))
     out = model.set_attention_backend("triton")(ids)
     assert torch.allclose(out, ref, atol=1e-4)
+
+
+def test_triton_backend_generates_the_same_tokens(monkeypatch):
+    """Prefill (causal) and every decode step (one query, no mask) run through the kernel."""
+    model = tiny_model(dim=128, n_heads=2, n_kv_heads=1).to(DEVICE)  # head dim 64
+    prompt = [5, 17, 3, 88, 41, 2, 9]
+    expected = generate(model, prompt, max_new_tokens=6, eos_token_id=None).tokens
+    monkeypatch.setattr(dispatch, "warn_once", lambda reason: pytest.fail(f"fell back: {reason}"))
+    model.set_attention_backend("triton")
+    assert torch.equal(generate(model, prompt, max_new_tokens=6, eos_token_id=None).tokens, expected)
 
 
 def test_dispatch_uses_the_kernel_when_supported(monkeypatch):
