@@ -68,12 +68,21 @@ def test_attention_tiled_matches_reference(causal, block):
     _assert_close(attention_tiled(q, k, v, causal, block), attention_reference(q, k, v, None, causal), torch.float32)
 
 
-def test_flash_attention_non_contiguous_and_other_tiles():
-    """Views straight out of a stacked qkv projection, as the model passes them; 32 x 16 tiles."""
+def test_flash_attention_non_contiguous_views():
+    """Views straight out of a stacked qkv projection, as the model passes them."""
     qkv = torch.randn(1, 23, 6, 64).to(DEVICE).transpose(1, 2)  # (B, 6 heads, T, hd), non-contiguous
     q, k, v = qkv[:, :4], qkv[:, 4:5], qkv[:, 5:]
     ref = attention_reference(q, k, v, None, causal=True)
-    _assert_close(flash_attention(q, k, v, True, block_m=32, block_n=16), ref, torch.float32)
+    _assert_close(flash_attention(q, k, v, True), ref, torch.float32)
+
+
+@pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32), (64, 32)])
+def test_flash_attention_other_tile_shapes(block_m, block_n):
+    """The GPU's tiles are 128 x 64: the diagonal and ragged tiles must be right for any pair."""
+    q, k, v = _qkv(1, 2, 1, 45, 70, 64, torch.float32, seed=block_m + block_n)
+    for causal in (True, False):
+        ref = attention_reference(q, k, v, None, causal)
+        _assert_close(flash_attention(q, k, v, causal, block_m=block_m, block_n=block_n), ref, torch.float32)
 
 
 @pytest.mark.parametrize(
