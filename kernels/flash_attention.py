@@ -193,7 +193,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     B, H, T, hd = q.shape
     S = k.shape[2]
     bm, bn, warps, stages = _tile_sizes(hd, q.dtype, q.device)
-    bm, bn = block_m or bm, block_n or bn
+    bm = block_m or min(bm, max(16, triton.next_power_of_2(T)))  # a short q (decode) needs no 128-row tile
+    bn = block_n or bn
     out = torch.empty_like(q)
     grid = (triton.cdiv(T, bm), B * H)
     _flash_fwd_kernel[grid](
