@@ -4,10 +4,11 @@
     outputs = engine.run(requests)          # one RequestOutput per request, in the given order
     print(summary([o.metrics for o in outputs]))
 
-Each ``step`` asks the scheduler for work (which sequences, how many tokens each), runs *one*
-forward of the real model over all of it (prefill chunks and decode tokens side by side, rows
-left-padded with position -1), samples a token for every sequence whose tokens are now all
-cached, and retires finished requests.
+Each ``step`` asks the scheduler for work (which sequences, how many tokens each), runs the real
+model over all of it (one forward for the decode rows and one for the prompt chunks, rows
+left-padded with position -1: without a variable-length attention kernel, padding a one-token
+decode row to a chunk's length would cost more than the second forward), samples a token for
+every sequence whose tokens are now all cached, and retires finished requests.
 
 Time. The engine keeps its own clock, ``now`` (seconds), on which request arrivals are given.
 Each step advances it by the step's duration: by default the *measured* wall-clock time of the
