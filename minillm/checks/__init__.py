@@ -5,7 +5,9 @@ One module per chapter; this package re-exports them all, so a notebook may writ
 """
 
 from .base import CheckFailed, close, passed, require
+from .compilers import check_launch_overhead, check_mbu, check_pool_offset
 from .generation import check_greedy_generate, check_softmax_with_temperature, check_top_p
+from .kernels import check_causal_tiles, check_online_softmax_update, check_triton_rms_norm
 from .kv import (
     check_kv_cache_bytes,
     check_kv_update,
@@ -42,6 +44,7 @@ __all__ = [
     "check_allocator",
     "check_batch_steps",
     "check_candidate_tokens",
+    "check_causal_tiles",
     "check_copyable_fraction",
     "check_cost_per_million",
     "check_decode_upper_bound",
@@ -52,9 +55,13 @@ __all__ = [
     "check_jacobi_step",
     "check_kv_cache_bytes",
     "check_kv_update",
+    "check_launch_overhead",
     "check_matmul_intensity",
+    "check_mbu",
     "check_ngram_lookup",
+    "check_online_softmax_update",
     "check_percentile",
+    "check_pool_offset",
     "check_prompt_lookup_loop",
     "check_quantize_int8",
     "check_repeat_kv",
@@ -68,6 +75,7 @@ __all__ = [
     "check_token_slot",
     "check_top_p",
     "check_tree_mask",
+    "check_triton_rms_norm",
     "check_users_that_fit",
     "check_window_update",
     "close",
