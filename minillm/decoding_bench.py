@@ -94,29 +94,11 @@ def time_methods(methods: dict[str, Method], prompts: list[list[int]], repeats: 
     return out
 
 
-@torch.inference_mode()
 def forward_ms(model: Transformer, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32), prefix: int = 64,
                repeats: int = 20) -> dict[int, float]:  # fmt: skip
     """Median milliseconds of one forward of T new tokens after ``prefix`` cached ones, for each T:
     what verifying T tokens at once costs here, against decoding one (the T = 1 entry)."""
-    gen = torch.Generator().manual_seed(0)
-    cache = KVCache.for_model(model, 1, prefix + max(sizes))
-    model(torch.randint(0, model.config.vocab_size, (1, prefix), generator=gen).to(model.device), cache=cache)
-    out = {}
-    for T in sizes:
-        ids = torch.randint(0, model.config.vocab_size, (1, T), generator=gen).to(model.device)
-        model(ids, cache=cache)  # warmup
-        cache.truncate(prefix)
-        times = []
-        for _ in range(repeats):
-            synchronize(model.device)
-            t0 = time.perf_counter()
-            model(ids, cache=cache)
-            synchronize(model.device)
-            times.append(time.perf_counter() - t0)
-            cache.truncate(prefix)
-        out[T] = 1e3 * statistics.median(times)
-    return out
+    return forward_costs(model, sizes, prefix, repeats, summary=statistics.median)
 
 
 def merged(stats: list[DecodingStats]) -> DecodingStats | None:
@@ -470,14 +452,16 @@ def plot_lookup_by_task(rows: list[dict], title: str = ""):
 
 
 @torch.inference_mode()
-def forward_costs(model: Transformer, sizes: tuple[int, ...], prefix: int = 64, repeats: int = 10) -> dict[int, float]:
-    """Like ``forward_ms``, but the widths take turns within each repeat and each keeps its fastest
-    time: on a shared machine, other work only ever adds time, and it moves between widths."""
+def forward_costs(model: Transformer, sizes: tuple[int, ...], prefix: int = 64, repeats: int = 10,
+                  summary: Callable[[list[float]], float] = min) -> dict[int, float]:  # fmt: skip
+    """Milliseconds of one forward of T new tokens after ``prefix`` cached ones, for each T. The
+    widths take turns within each repeat (a warm-up round first), and each keeps ``summary`` of its
+    times: by default the fastest, since on a shared machine other work only ever adds time."""
     gen = torch.Generator().manual_seed(0)
     cache = KVCache.for_model(model, 1, prefix + max(sizes))
     model(torch.randint(0, model.config.vocab_size, (1, prefix), generator=gen).to(model.device), cache=cache)
     ids = {T: torch.randint(0, model.config.vocab_size, (1, T), generator=gen).to(model.device) for T in sizes}
-    best = dict.fromkeys(sizes, float("inf"))
+    times: dict[int, list[float]] = {T: [] for T in sizes}
     for r in range(repeats + 1):  # round 0 warms up
         for T in sizes:
             synchronize(model.device)
@@ -485,6 +469,6 @@ def forward_costs(model: Transformer, sizes: tuple[int, ...], prefix: int = 64, 
             model(ids[T], cache=cache)
             synchronize(model.device)
             if r:
-                best[T] = min(best[T], 1e3 * (time.perf_counter() - t0))
+                times[T].append(1e3 * (time.perf_counter() - t0))
             cache.truncate(prefix)
-    return best
+    return {T: summary(t) for T, t in times.items()}

@@ -137,11 +137,17 @@ def _timed_decode(model: Transformer, cache, new_tokens: int) -> float:
     return rate
 
 
+def _prepare(model: Transformer, cache, context: int):
+    """The cache filled with ``context`` tokens and one warm-up decode step done."""
+    fill_with_random(cache, model.config, context)
+    _timed_decode(model, cache, 1)
+    return cache
+
+
 @torch.inference_mode()
 def decode_tokens_per_s(model: Transformer, cache, context: int, new_tokens: int = 16, repeats: int = 3) -> float:
     """Median decode tokens/s (batch x steps / s) against a cache already holding ``context`` tokens."""
-    fill_with_random(cache, model.config, context)
-    _timed_decode(model, cache, 1)  # warm-up
+    _prepare(model, cache, context)
     return statistics.median(_timed_decode(model, cache, new_tokens) for _ in range(repeats))
 
 
@@ -200,9 +206,7 @@ def kv_benchmark(config: ModelConfig, contexts: Sequence[int] = (256, 1024, 4096
         for tech in chosen:
             model = models[tech.kv_heads(config)]
             cache = tech.make_cache(model, batch, ctx + new_tokens + 1)
-            fill_with_random(cache, model.config, ctx)
-            _timed_decode(model, cache, 1)  # warm-up
-            caches.append((model, cache))
+            caches.append((model, _prepare(model, cache, ctx)))
         rates = [[_timed_decode(m, c, new_tokens) for m, c in caches] for _ in range(repeats)]
         for i, tech in enumerate(chosen):
             model = caches[i][0]
