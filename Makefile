@@ -43,16 +43,16 @@ bench: setup
 	$(PY) -m minillm bench generate
 
 gpu-check: setup
-	$(PY) -m kernels.gpu_check
+	$(PY) -m minillm.bench.gpu
 
 book: setup
 	$(VENV)/bin/jupyter-book build . --warningiserror --keep-going
 
 execute: setup
-	$(PY) -m minillm.exercises --execute chapters/*.ipynb solutions/*.ipynb
+	$(PY) -m minillm.book.exercises --execute chapters/*.ipynb solutions/*.ipynb
 
 exercises: setup
-	$(PY) -m minillm.exercises solutions exercises
+	$(PY) -m minillm.book.exercises solutions exercises
 
 lab: setup
 	$(PY) -c "import jupyterlab" 2>/dev/null || $(PIP) install jupyterlab

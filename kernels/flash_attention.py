@@ -11,7 +11,7 @@ over keys inside a program that owns a query tile (parallel over query tiles, ba
 and divides by ``l`` only once at the end; this kernel does the same.
 
 ``attention_tiled`` is the same algorithm in plain PyTorch, one key tile at a time: the math the
-kernel implements, readable and checked against ``minillm.model.attention_reference``.
+kernel implements, readable and checked against ``minillm.core.model.attention_reference``.
 
 Supported: q (B, H, T, hd), k and v (B, Hkv, S, hd) with H a multiple of Hkv (grouped-query
 attention: a query head reads K/V head ``h // (H // Hkv)``, nothing is repeated in memory),

@@ -2,7 +2,7 @@
 
 At decode each sequence brings one new query token, and its keys and values lie scattered over
 the ``KVPool`` in blocks of ``block_size`` tokens, listed in order by its block table
-(``minillm.paged``). The PyTorch reference, ``minillm.paged.paged_attention_decode``, first
+(``minillm.kv.paged``). The PyTorch reference, ``minillm.kv.paged.paged_attention_decode``, first
 gathers every sequence's blocks into a contiguous copy, then attends to the copy: the cache is
 read twice and written once more. This kernel reads each key and value straight from its block,
 once, and keeps the softmax online as in FlashAttention-2 (Dao, 2023).
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .flash_attention import DTYPES, HEAD_DIMS, LOG2E, interpreting, shared_memory_bytes
+from kernels.flash_attention import DTYPES, HEAD_DIMS, LOG2E, interpreting, shared_memory_bytes
 
 
 @triton.jit
@@ -127,7 +127,7 @@ def paged_attention_decode_triton(q: Tensor, k_pool: Tensor, v_pool: Tensor, blo
                                   context_lens: Tensor, splits: int | None = None) -> Tensor:  # fmt: skip
     """q (B, H, hd); pools (num_blocks, block_size, Hkv, hd); tables (B, M); lens (B,) -> (B, H, hd).
 
-    Same contract as ``minillm.paged.paged_attention_decode``; every length must be >= 1.
+    Same contract as ``minillm.kv.paged.paged_attention_decode``; every length must be >= 1.
     ``splits`` chunks per sequence (split-K); by default enough to fill the GPU.
     """
     check_paged_inputs(q, k_pool, v_pool, block_tables, context_lens)

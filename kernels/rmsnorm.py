@@ -4,7 +4,7 @@ In a pre-norm block the residual stream is updated, ``h = x + residual``, and im
 normalized. Unfused, that is three passes over memory (the add, the mean of squares, the scale);
 fused, one program per row reads x (and the residual) once and writes the normed row (and the
 new residual) once. The statistics are computed in fp32 and the result rounded as in the
-reference, ``minillm.model.rms_norm_reference``: ``weight * (h * rsqrt(mean(h^2) + eps)).to(dtype)``.
+reference, ``minillm.core.model.rms_norm_reference``: ``weight * (h * rsqrt(mean(h^2) + eps)).to(dtype)``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .flash_attention import DTYPES, interpreting
+from kernels.flash_attention import DTYPES, interpreting
 
 MAX_DIM = 65536
 

@@ -6,7 +6,7 @@ result = minillm.generate(model, ids, max_new_tokens=64)
 print(tokenizer.decode(result.tokens[0]))
 """
 
-from .cache import (
+from .core.cache import (
     CacheFullError,
     CrossLayerKVCache,
     KVCache,
@@ -14,12 +14,12 @@ from .cache import (
     SelectiveKVCache,
     SlidingWindowCache,
 )
-from .checkpoints import CheckpointError, bundled_models, load, save_pretrained
-from .config import PRESETS, ModelConfig, RopeScaling, preset
-from .generate import GenerationResult, generate
-from .model import Transformer, random_model
-from .sampling import SamplingParams, sample
-from .tokenizer import Tokenizer
+from .core.checkpoints import CheckpointError, bundled_models, load, save_pretrained
+from .core.config import PRESETS, ModelConfig, RopeScaling, preset
+from .core.generate import GenerationResult, generate
+from .core.model import Transformer, random_model
+from .core.sampling import SamplingParams, sample
+from .core.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 

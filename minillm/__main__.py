@@ -20,16 +20,16 @@ from pathlib import Path
 
 import torch
 
-from . import bench
-from .bench import format_table
-from .checkpoints import BUNDLED_DIR, bundled_models, config_from_hf, load, resolve
-from .config import PRESETS, ModelConfig
-from .corpus import DATA_DIR, build_corpus
-from .generate import GenerationResult, generate
-from .model import Transformer
-from .sampling import SamplingParams
-from .tokenizer import StreamDecoder
-from .train import TOKENIZER_DIR, train_bundled, train_tokenizer
+from .bench import generation as bench
+from .bench.generation import format_table
+from .core.checkpoints import BUNDLED_DIR, bundled_models, config_from_hf, load, resolve
+from .core.config import PRESETS, ModelConfig
+from .core.generate import GenerationResult, generate
+from .core.model import Transformer
+from .core.sampling import SamplingParams
+from .core.tokenizer import StreamDecoder
+from .training.corpus import DATA_DIR, build_corpus
+from .training.train import TOKENIZER_DIR, train_bundled, train_tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_MODEL = "minillm-target"
@@ -148,8 +148,8 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_kv(args: argparse.Namespace) -> int:
-    from .book import set_threads_from_env
-    from .shrink import bench_kv, format_kv_bench
+    from .book.notebook import set_threads_from_env
+    from .kv.gqa import bench_kv, format_kv_bench
 
     if args.repeats < 1 or args.new_tokens < 1 or min(args.contexts) < 1:
         raise CliError("--repeats, --new-tokens and --contexts must be positive integers")
@@ -168,7 +168,7 @@ def cmd_bench_kv(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_decoding(args: argparse.Namespace) -> int:
-    from .decoding_bench import bench_decoding, format_decoding
+    from .bench.decoding import bench_decoding, format_decoding
 
     if min(args.repeats, args.new_tokens, args.prompts, args.prompt_len, args.k) < 1:
         raise CliError("--repeats, --new-tokens, --prompts, --prompt-len and --k must be positive integers")
@@ -185,7 +185,7 @@ def cmd_bench_decoding(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_batching(args: argparse.Namespace) -> int:
-    from .bench_batching import bench_batching, check_goals, format_batching
+    from .bench.batching import bench_batching, check_goals, format_batching
 
     counts = (args.requests, args.max_batch, args.prefix_requests, args.system_len, args.prompt_median,
               args.output_median, args.repeats)  # fmt: skip
@@ -282,9 +282,9 @@ def cmd_train_model(args: argparse.Namespace) -> int:
 
 
 def cmd_train_gqa(args: argparse.Namespace) -> int:
-    from .hardware import hardware_description
-    from .shrink import uptrain_curves
-    from .train import encode_split
+    from .core.device import hardware_description
+    from .kv.gqa import uptrain_curves
+    from .training.train import encode_split
 
     if args.steps < 1 or args.eval_every < 1:
         raise CliError(f"--steps and --eval-every must be positive integers, got {args.steps} and {args.eval_every}")
@@ -311,7 +311,7 @@ def cmd_train_gqa(args: argparse.Namespace) -> int:
 
 
 def cmd_train_medusa(args: argparse.Namespace) -> int:
-    from .medusa import MedusaTrainConfig, train_medusa
+    from .decoding.medusa import MedusaTrainConfig, train_medusa
 
     if min(args.steps, args.heads, args.sequences) < 1:
         raise CliError("--steps, --heads and --sequences must be positive integers")

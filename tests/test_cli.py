@@ -11,9 +11,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 import minillm
-from minillm import bench
 from minillm.__main__ import main
-from minillm.tokenizer import Tokenizer
+from minillm.bench import generation as bench
+from minillm.core.tokenizer import Tokenizer
 from tests.conftest import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_help_lists_every_command():
 
 
 def test_transformers_is_not_imported_by_the_package():
-    code = "import sys, minillm, minillm.bench, minillm.__main__; print('transformers' in sys.modules)"
+    code = "import sys, minillm, minillm.bench.generation, minillm.__main__; print('transformers' in sys.modules)"
     proc = run_python(["-c", code])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

@@ -1,0 +1,200 @@
+"""Autoregressive generation: prefill the prompt, then decode one token at a time.
+
+Two paths, side by side so that the difference is the lesson:
+
+- ``use_cache=False``, the teaching baseline: every step runs the whole sequence so far
+  through the model again, so step n costs O(n) token-passes and a generation O(n^2).
+- ``use_cache=True``: the prompt is run once (prefill) and its keys and values are kept in a
+  preallocated ``KVCache``; each decode step then feeds one token per sequence.
+
+Prompts of different lengths are left-padded; padding slots get position -1 and are never
+attended to, so every sequence sees exactly what it would see alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .cache import KVCache
+from .device import synchronize
+from .model import Cache, Transformer
+from .sampling import SamplingParams, sample
+
+
+@dataclass
+class GenerationResult:
+    tokens: Tensor  # (B, N) new token ids; a row that stopped early is padded with the first EOS id
+    lengths: list[int]  # new tokens of each row, its EOS included
+    prompt_lengths: list[int]
+    ttft: float  # seconds from the call to the first new token (prefill + first sample)
+    token_times: list[float] = field(default_factory=list)  # seconds of each later decode step
+    total_time: float = 0.0
+
+    @property
+    def tpot(self) -> float:
+        """Mean time per output token after the first (seconds); nan if only one was made."""
+        return sum(self.token_times) / len(self.token_times) if self.token_times else float("nan")
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Decode throughput over the whole batch, first token excluded."""
+        steps = len(self.token_times)
+        return self.tokens.shape[0] * steps / sum(self.token_times) if steps else float("nan")
+
+    def token_lists(self) -> list[list[int]]:
+        return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
+    """Ragged prompts -> ids (B, T) and positions (B, T), padding on the left with position -1."""
+    T = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    positions = torch.full((len(prompts), T), -1, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if len(p):
+            ids[i, T - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            positions[i, T - len(p) :] = torch.arange(len(p))
+    return ids.to(device), positions.to(device)
+
+
+def _as_prompts(input_ids) -> list[list[int]]:
+    if isinstance(input_ids, Tensor):
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (seq_len,) or (batch, seq_len), got {tuple(input_ids.shape)}")
+        return input_ids.tolist()
+    if len(input_ids) and isinstance(input_ids[0], int):
+        return [list(input_ids)]
+    return [list(p) for p in input_ids]
+
+
+def prefill(model: Transformer, ids: Tensor, positions: Tensor | None, cache: Cache) -> Tensor:
+    """Run the prompt through the model, filling the cache; return the last logits (B, V)."""
+    return model(ids, positions, cache, last_only=True)[:, -1]
+
+
+def decode_one_token(model: Transformer, token: Tensor, positions: Tensor | None, cache: Cache) -> Tensor:
+    """One step with the cache: token (B,) -> next logits (B, V)."""
+    return model(token[:, None], positions, cache)[:, -1]
+
+
+def recompute_step(model: Transformer, ids: Tensor, positions: Tensor) -> Tensor:
+    """The baseline: the whole sequence (B, T) through the model again -> last logits (B, V)."""
+    return model(ids, positions, last_only=True)[:, -1]
+
+
+def check_request(prompts: list[list[int]], max_new_tokens: int, config) -> None:
+    """Clear errors for what cannot be generated; nothing is ever silently truncated."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    for p in prompts:
+        if min(p) < 0 or max(p) >= config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {config.vocab_size}); got a prompt with ids "
+                             f"from {min(p)} to {max(p)}")  # fmt: skip
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > config.max_seq_len:
+        raise ValueError(
+            f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds the context "
+            f"length max_seq_len={config.max_seq_len}; shorten the prompt or ask for fewer tokens"
+        )
+
+
+def resolve_eos(eos_token_id, config) -> tuple[int, ...]:
+    """The stop ids: "config" takes the model's own, None means never stop early."""
+    if isinstance(eos_token_id, str):
+        if eos_token_id != "config":
+            raise ValueError(f"eos_token_id must be an id, a list of ids, None or 'config', got {eos_token_id!r}")
+        return config.eos_ids
+    if eos_token_id is None:
+        return ()
+    return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+
+
+@torch.inference_mode()
+def generate(
+    model: Transformer,
+    input_ids,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None | str = "config",
+    use_cache: bool = True,
+    on_token: Callable[[Tensor], None] | None = None,
+    cache: Cache | None = None,
+) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` tokens after each prompt.
+
+    ``input_ids``: a LongTensor (T,) or (B, T), a list of ids, or a list of lists of different
+    lengths. Generation stops at ``max_new_tokens`` or when every row has produced an EOS: by
+    default the model config's EOS ids; None never stops early. ``on_token`` is called with
+    each step's tokens (B,), for streaming; its time counts in the step's timing, as it does
+    for a user watching the stream.
+    """
+    params = SamplingParams(temperature, top_k, top_p, seed)
+    prompts = _as_prompts(input_ids)
+    check_request(prompts, max_new_tokens, model.config)
+    eos_ids = resolve_eos(eos_token_id, model.config)
+    pad_id = eos_ids[0] if eos_ids else 0
+    device, generator = model.device, params.generator(model.device)
+
+    lengths = [len(p) for p in prompts]
+    B, P = len(prompts), max(lengths)
+    ids, positions = left_pad(prompts, pad_id, device)
+    padded = any(n != P for n in lengths)  # only then do positions need to be passed explicitly
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    n_new = torch.zeros(B, dtype=torch.long, device=device)
+    if cache is not None:
+        if not use_cache:
+            raise ValueError("use_cache=False recomputes every step; it cannot take a cache")
+        if cache.length != 0 or cache.batch_size != B:
+            raise ValueError(f"cache must be empty and built for batch size {B}; it holds {cache.length} "
+                             f"tokens for batch size {cache.batch_size}")  # fmt: skip
+    elif use_cache:
+        cache = KVCache.for_model(model, B, P + max_new_tokens)
+    token_times: list[float] = []
+
+    synchronize(device)
+    t_start = t_prev = time.perf_counter()
+    if cache is not None:
+        logits = prefill(model, ids, positions if padded else None, cache)
+    else:
+        logits = recompute_step(model, ids, positions)
+    for step in range(max_new_tokens):
+        token = sample(logits, params, generator)  # (B,)
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        out[:, step] = token
+        n_new += (~done).long()
+        if on_token is not None:
+            on_token(token)
+        done |= torch.isin(token, eos)
+        synchronize(device)
+        now = time.perf_counter()
+        if step == 0:
+            ttft = now - t_start
+        else:
+            token_times.append(now - t_prev)
+        t_prev = now
+        if step + 1 == max_new_tokens or (eos_ids and bool(done.all())):
+            break
+        next_pos = positions[:, -1:] + 1  # (B, 1): each row continues from its own length
+        positions = torch.cat([positions, next_pos], dim=1)
+        if cache is not None:
+            logits = decode_one_token(model, token, next_pos if padded else None, cache)
+        else:
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            logits = recompute_step(model, ids, positions)
+
+    return GenerationResult(tokens=out[:, : step + 1].cpu(), lengths=n_new.tolist(), prompt_lengths=lengths,
+                            ttft=ttft, token_times=token_times, total_time=t_prev - t_start)  # fmt: skip

@@ -1,0 +1,390 @@
+"""The serving engine: requests in, batched forward passes over a paged KV cache, tokens out.
+
+    engine = Engine(model, EngineConfig(num_blocks=256, scheduler=SchedulerConfig("continuous", 16)))
+    outputs = engine.run(requests)          # one RequestOutput per request, in the given order
+    print(summary([o.metrics for o in outputs]))
+
+Each ``step`` asks the scheduler for work (which sequences, how many tokens each), runs the real
+model over all of it (one forward for the decode rows and one for the prompt chunks, rows
+left-padded with position -1: without a variable-length attention kernel, padding a one-token
+decode row to a chunk's length would cost more than the second forward), samples a token for
+every sequence whose tokens are now all cached, and retires finished requests.
+
+Time. The engine keeps its own clock, ``now`` (seconds), on which request arrivals are given.
+Each step advances it by the step's duration: by default the *measured* wall-clock time of the
+step (``time.perf_counter``), or, with ``EngineConfig.step_cost``, a *simulated* time from a cost
+model (``StepCost``: a fixed cost per forward, plus a cost per decode row and per prompt token),
+which makes runs reproducible and fast in tests. Either way, idle gaps between arrivals are
+skipped, not slept through. ``fit_step_cost`` fits that model to the steps of a measured run,
+and ``SimulatedModel`` stands in for the model when only the schedule and the clock matter
+(rate sweeps of thousands of steps in seconds).
+
+Every step is logged in ``Engine.step_log`` (a ``StepRecord``: when, how long, which sequences
+with how many tokens, the KV blocks in use), for timelines and for fitting the cost model.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core.config import ModelConfig
+from ..core.device import synchronize
+from ..core.model import Transformer
+from ..core.sampling import sample
+from ..kv.paged import BlockManager, KVPool, PagedKVBatch
+from ..measure.metrics import RequestMetrics
+from .scheduler import Scheduler, SchedulerConfig, Sequence, Work
+from .workload import Request
+
+
+class RequestTooLargeError(ValueError):
+    """A request that could never run: it needs more blocks than the whole pool, or more than the context."""
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A simulated clock, in seconds: ``fixed`` per forward, plus ``per_token`` per decode row and
+    ``per_prefill_token`` per prompt token (by default the same as ``per_token``).
+
+    The engine runs one forward for the decode rows of a step and one for its prompt chunks, so a
+    mixed step pays ``fixed`` twice; a static batch's padding rows count as decode rows (they are
+    computed like the others). ``StepCost()(n)`` is one forward of n tokens: fixed + per_token x n.
+    """
+
+    fixed: float = 5e-3
+    per_token: float = 1e-4
+    per_prefill_token: float | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.fixed, self.per_token, self.prefill_rate) < 0:
+            raise ValueError(f"step costs must be >= 0, got {self}")
+
+    @property
+    def prefill_rate(self) -> float:
+        return self.per_token if self.per_prefill_token is None else self.per_prefill_token
+
+    def __call__(self, tokens: int, prefill_tokens: int = 0, forwards: int = 1) -> float:
+        return self.fixed * forwards + self.per_token * tokens + self.prefill_rate * prefill_tokens
+
+    def half_batch(self) -> float:
+        """The decode batch at which tokens/s reaches half its limit 1 / per_token: fixed / per_token.
+        A decode step of B rows makes B / (fixed + per_token x B) tokens/s, which grows with B
+        only while the fixed cost (reading the weights, launching the step) dominates."""
+        return self.fixed / self.per_token if self.per_token > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step of the engine, on its clock."""
+
+    start: float  # seconds
+    duration: float  # seconds: measured, or from the StepCost
+    decode_rows: int  # one-token rows, a static batch's padding rows included
+    padding_rows: int  # rows of finished members of a static batch, fed but wasted
+    prefill_tokens: int  # prompt tokens fed in rows of more than one token
+    forwards: int  # 1 or 2 (decode rows and prompt chunks run as two forwards)
+    work: tuple[tuple[int, int], ...]  # (request id, tokens fed) per row
+    blocks_used: int  # KV blocks referenced after the step
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+def fit_step_cost(records: Iterable[StepRecord]) -> StepCost:
+    """Least-squares fit of duration = fixed x forwards + per_token x decode rows + per_prefill_token
+    x prompt tokens to measured steps (non-negative coefficients)."""
+    records = list(records)
+    if len(records) < 3:
+        raise ValueError(f"fitting a step cost needs at least 3 steps, got {len(records)}")
+    X = np.array([[r.forwards, r.decode_rows, r.prefill_tokens] for r in records], dtype=float)
+    y = np.array([r.duration for r in records])
+    keep = [j for j in range(3) if X[:, j].any()]
+    while True:  # drop a column whose coefficient comes out negative, refit the rest
+        coef = np.linalg.lstsq(X[:, keep], y, rcond=None)[0]
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = np.zeros(3)
+    full[keep] = np.maximum(coef, 0)
+    return StepCost(fixed=float(full[0]), per_token=float(full[1]), per_prefill_token=float(full[2]))
+
+
+class SimulatedModel:
+    """Stands in for the model when only the schedule and the clock matter (it needs a ``StepCost``).
+
+    Every forward returns all-zero logits at once (greedy sampling then picks token 0) and stores
+    no K/V: its pool holds two numbers per slot. The scheduler, the block tables and the prefix
+    cache run exactly as with the real model, so a sweep of thousands of steps takes seconds;
+    the times it gives are the cost model's, not measured.
+    """
+
+    def __init__(self, config: ModelConfig):
+        self.config = config.replace(dim=2, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=2, ffn_dim=1,
+                                     name=f"{config.name} (simulated)")  # fmt: skip
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+
+    @classmethod
+    def like(cls, model) -> SimulatedModel:
+        return cls(model.config)
+
+    def __call__(self, input_ids: Tensor, positions: Tensor | None = None, cache=None, last_only: bool = False):
+        B, T = input_ids.shape
+        return torch.zeros(B, 1 if last_only else T, self.config.vocab_size)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_blocks: int = 256  # KV pool size, in blocks
+    block_size: int = 16  # tokens per block
+    prefix_caching: bool = True
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    step_cost: StepCost | None = None  # None: each step takes its measured wall-clock time
+
+
+@dataclass
+class RequestOutput:
+    request: Request
+    tokens: list[int]  # the generated ids
+    metrics: RequestMetrics  # arrival and each token's time, on the engine's clock
+    preemptions: int
+
+
+def batch_inputs(work: list[Work], device, padding_rows: int = 0) -> tuple[Tensor, Tensor]:
+    """Each sequence's next n tokens, left-padded, then empty rows: ids and positions (B, T), padding -1."""
+    T = max(w.n for w in work)
+    ids = torch.zeros(len(work) + padding_rows, T, dtype=torch.long)
+    positions = torch.full((len(work) + padding_rows, T), -1, dtype=torch.long)
+    for i, w in enumerate(work):
+        start = w.seq.num_computed
+        ids[i, T - w.n :] = torch.as_tensor(w.seq.tokens[start : start + w.n])
+        positions[i, T - w.n :] = torch.arange(start, start + w.n)
+    return ids.to(device), positions.to(device)
+
+
+class Engine:
+    def __init__(self, model: Transformer, config: EngineConfig | None = None):
+        self.model, self.config = model, config or EngineConfig()
+        c = self.config
+        if isinstance(model, SimulatedModel) and c.step_cost is None:
+            raise ValueError("a SimulatedModel takes no time of its own: give EngineConfig a step_cost")
+        self.pool = KVPool.for_model(model, c.num_blocks, c.block_size)
+        self.blocks = BlockManager(c.num_blocks, c.block_size, c.prefix_caching, self.pool)
+        self.scheduler = Scheduler(c.scheduler, self.blocks)
+        self.now = 0.0
+        self.steps = self.tokens_fed = 0
+        self.kv_slots_held = self.kv_tokens_stored = 0
+        self.padding_rows = 0  # rows of finished sequences that static batches carried
+        self.peak_blocks = 0  # the most KV blocks referenced at once
+        self.step_log: list[StepRecord] = []
+        self._pending: list[tuple[float, int, Request]] = []  # heap by arrival
+        self._generators: dict[int, torch.Generator | None] = {}
+        self.outputs: dict[int, RequestOutput] = {}  # finished requests by id
+        self._ids: set[int] = set()  # every request id ever added
+        self._next_id = 0
+
+    # -- requests in ---------------------------------------------------------------------------
+
+    def check(self, request: Request) -> None:
+        """Raise RequestTooLargeError (or ValueError) for a request the engine could never serve."""
+        n, context = len(request.prompt) + request.max_tokens, self.model.config.max_seq_len
+        if n > context:
+            raise RequestTooLargeError(f"request {request.id}: prompt {len(request.prompt)} + max_tokens "
+                                       f"{request.max_tokens} exceeds the context length {context}")  # fmt: skip
+        need = self.scheduler.blocks_needed(request)
+        if need > self.config.num_blocks:
+            raise RequestTooLargeError(f"request {request.id} needs {need} blocks of {self.config.block_size} tokens "
+                                       f"({n} tokens) but the KV pool has only {self.config.num_blocks}")  # fmt: skip
+        vocab = self.model.config.vocab_size
+        if min(request.prompt) < 0 or max(request.prompt) >= vocab:
+            raise ValueError(f"request {request.id}: token ids must be in [0, {vocab})")
+
+    def add_request(self, request: Request) -> int:
+        """Queue a request (it joins when the clock reaches its arrival); returns its id."""
+        self.check(request)
+        if request.id is None:
+            request.id = self._next_id
+        if request.id in self._ids:
+            raise ValueError(f"a request with id {request.id} was already added")
+        self._ids.add(request.id)
+        self._next_id = max(self._next_id, request.id) + 1
+        heapq.heappush(self._pending, (request.arrival, request.id, request))
+        return request.id
+
+    def _admit_arrivals(self) -> None:
+        while self._pending and self._pending[0][0] <= self.now:
+            request = heapq.heappop(self._pending)[2]
+            self._generators[request.id] = request.params.generator(self.model.device)
+            self.scheduler.add(Sequence(request, request.id))
+
+    # -- the step loop -------------------------------------------------------------------------
+
+    @property
+    def unfinished(self) -> bool:
+        return bool(self._pending or self.scheduler.waiting or self.scheduler.running)
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """One forward over the scheduled work; returns the requests that finished in it."""
+        self._admit_arrivals()
+        work = self.scheduler.schedule(self.now, more_coming=bool(self._pending))
+        if not work:
+            self._wait()
+            return []
+        synchronize(self.model.device)
+        t0 = time.perf_counter()
+        tokens, (decode_rows, padding, prefill_tokens, forwards) = self._forward_and_sample(work)
+        synchronize(self.model.device)
+        n_fed = sum(w.n for w in work)
+        cost = self.config.step_cost
+        duration = cost(decode_rows, prefill_tokens, forwards) if cost is not None else time.perf_counter() - t0
+        start, self.now = self.now, self.now + duration
+        self.steps, self.tokens_fed = self.steps + 1, self.tokens_fed + n_fed
+        finished = self._advance(work, tokens)
+        self._count_kv_use()
+        rows = tuple((w.seq.id, w.n) for w in work)
+        used = self.blocks.allocator.num_used
+        self.step_log.append(StepRecord(start, duration, decode_rows, padding, prefill_tokens, forwards, rows, used))
+        return finished
+
+    def _count_kv_use(self) -> None:
+        """Accumulate token slots held in blocks vs tokens stored in them, for the measured waste."""
+        self.kv_slots_held += sum(len(t) for t in self.blocks.tables.values()) * self.config.block_size
+        self.kv_tokens_stored += sum(s.num_computed for s in self.scheduler.running)
+        self.peak_blocks = max(self.peak_blocks, self.blocks.allocator.num_used)
+
+    @property
+    def kv_waste(self) -> float:
+        """Fraction of the KV slots held by running sequences that stayed empty, averaged over steps."""
+        return 1.0 - self.kv_tokens_stored / self.kv_slots_held if self.kv_slots_held else 0.0
+
+    def _forward(self, work: list[Work], padding_rows: int = 0) -> Tensor:
+        """The model over the rows of one step (plus empty rows) -> the logits after each row's last token (B, V)."""
+        ids, positions = batch_inputs(work, self.model.device, padding_rows)
+        tables = [self.blocks.table(w.seq.id) for w in work] + [[]] * padding_rows
+        return self.model(ids, positions, PagedKVBatch(self.pool, tables), last_only=True)[: len(work), -1]
+
+    def _fed(self, work: list[Work]) -> tuple[int, int, int, int]:
+        """What a step feeds: (decode rows with a static batch's padding rows, padding rows, prompt
+        tokens, forwards). Decode rows and prompt chunks run as two forwards (see ``_forward_split``)."""
+        decode = sum(w.n == 1 for w in work)
+        pad = self.scheduler.padding_rows if decode else 0  # a static batch's finished rows ride with the decodes
+        prefill = sum(w.n for w in work if w.n > 1)
+        return decode + pad, pad, prefill, (decode > 0) + (prefill > 0)
+
+    def _forward_split(self, work: list[Work]) -> Tensor:
+        """Decode rows and prefill rows as two forwards: padding a one-token row to a prompt chunk's
+        length would multiply its cost (a variable-length attention kernel would fuse the two)."""
+        logits = torch.empty(len(work), self.model.config.vocab_size, device=self.model.device)
+        for rows in ([i for i, w in enumerate(work) if w.n == 1], [i for i, w in enumerate(work) if w.n > 1]):
+            pad = self.scheduler.padding_rows if rows and work[rows[0]].n == 1 else 0  # a static batch's finished rows
+            if rows:
+                logits[rows] = self._forward([work[i] for i in rows], pad).to(logits.dtype)
+        return logits
+
+    def _forward_and_sample(self, work: list[Work]) -> tuple[list[int | None], tuple[int, int, int, int]]:
+        """The model on every row; a new token for each row whose sequence is now fully cached.
+        A ``SimulatedModel`` runs nothing: each such row gets token 0, what its zero logits would give."""
+        fed = self._fed(work)
+        self.padding_rows += fed[1]
+        done = [w.seq.num_computed + w.n >= len(w.seq.tokens) for w in work]  # else a prompt chunk, mid-prompt
+        if isinstance(self.model, SimulatedModel):
+            return [0 if d else None for d in done], fed
+        logits = self._forward_split(work)  # (B, V)
+        out: list[int | None] = []
+        for i, (w, d) in enumerate(zip(work, done)):
+            r = w.seq.request
+            out.append(int(sample(logits[i : i + 1], r.params, self._generators[r.id])) if d else None)
+        return out, fed
+
+    def _advance(self, work: list[Work], tokens: list[int | None]) -> list[RequestOutput]:
+        finished = []
+        for w, token in zip(work, tokens):
+            seq = w.seq
+            seq.num_computed += w.n
+            self.blocks.commit(seq.id, seq.tokens, seq.num_computed)
+            if token is None:
+                continue
+            seq.tokens.append(token)
+            seq.token_times.append(self.now)
+            if seq.finished:
+                self.scheduler.finish(seq)
+                finished.append(self._output(seq))
+        return finished
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        r = seq.request
+        metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
+        self.outputs[r.id] = RequestOutput(r, seq.outputs, metrics, seq.preemptions)
+        return self.outputs[r.id]
+
+    def _wait(self) -> None:
+        """Nothing to run: jump the clock to the next arrival or batching timeout."""
+        next_arrival = self._pending[0][0] if self._pending else None
+        events = [t for t in (next_arrival, self.scheduler.wake_time()) if t is not None and t > self.now]
+        if not events:
+            raise RuntimeError("the engine is stuck: requests wait but none can be scheduled")
+        self.now = min(events)
+
+    def run(self, requests: Iterable[Request] = (), progress: bool = False) -> list[RequestOutput]:
+        """Serve ``requests`` (and any added before) to the end; outputs in the order given.
+
+        Every request is checked before any runs, so a request that can never fit fails at once.
+        ``progress`` shows a bar (tqdm when installed, else a printed line).
+        """
+        requests = list(requests)
+        for r in requests:
+            self.check(r)
+        ids = [self.add_request(r) for r in requests]
+        bar = progress_bar(len(self._pending) + len(self.scheduler.waiting) + len(self.scheduler.running), progress)
+        while self.unfinished:
+            bar.update(len(self.step()))
+        bar.close()
+        return [self.outputs[i] for i in ids]
+
+    def stats(self) -> dict[str, int]:
+        """Counters over the engine's life: steps, tokens fed, preemptions, evictions, copy-on-write copies,
+        prompt tokens found in the prefix cache, padding rows fed for finished members of static batches."""
+        return {"steps": self.steps, "tokens_fed": self.tokens_fed, "preemptions": self.scheduler.preemptions,
+                "evictions": self.blocks.allocator.evictions, "cow_copies": self.blocks.cow_copies,
+                "prefix_hit_tokens": self.scheduler.prefix_hit_tokens, "padding_rows": self.padding_rows}  # fmt: skip
+
+
+class _PrintedProgress:
+    """A fallback progress line when tqdm is not installed."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+
+    def update(self, n: int) -> None:
+        if n:
+            self.done += n
+            print(f"\r{self.done}/{self.total} requests done", end="", flush=True)
+
+    def close(self) -> None:
+        print()
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return _NoProgress()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _PrintedProgress(total)
+    return tqdm(total=total, unit="req", desc="serving")

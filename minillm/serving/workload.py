@@ -1,0 +1,127 @@
+"""Workloads for a serving engine: requests, chat-like traces, and recorded traces replayed.
+
+A trace is a list of ``TraceEntry`` (arrival time, prompt length, output length). The synthetic
+one is chat-like: Poisson arrivals (``serving_trace.poisson_arrivals``) and lognormal lengths,
+many short prompts and answers with a long tail, as in public chat logs. A recorded trace
+is a JSON list of objects or a CSV with the columns ``arrival,prompt_len,output_len``.
+``requests_from_trace`` turns a trace into ``Request`` objects with random prompt ids (the
+engine's speed does not depend on which tokens they are).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core.sampling import SamplingParams
+from ..measure.trace import poisson_arrivals
+
+TRACE_FIELDS = ("arrival", "prompt_len", "output_len")
+
+
+@dataclass
+class Request:
+    """One request to the engine: generate ``max_tokens`` tokens after ``prompt``.
+
+    ``arrival`` is seconds on the engine's clock; generation stops early only at one of
+    ``stop_ids`` (none by default, as ``generate(..., eos_token_id=None)``).
+    """
+
+    prompt: list[int]
+    max_tokens: int
+    arrival: float = 0.0
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop_ids: tuple[int, ...] = ()
+    id: int | None = None  # the engine numbers requests that come without one
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("a request needs a prompt of at least one token")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not math.isfinite(self.arrival) or self.arrival < 0:
+            raise ValueError(f"arrival must be a finite time >= 0, got {self.arrival!r}")
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    arrival: float  # seconds
+    prompt_len: int
+    output_len: int
+
+
+def lognormal_lengths(n: int, median: float, sigma: float, low: int, high: int, rng: np.random.Generator) -> list[int]:
+    """``n`` integer lengths from a lognormal with this median and log-space sigma, clipped to [low, high]."""
+    values = rng.lognormal(math.log(median), sigma, size=n)
+    return np.clip(np.round(values), low, high).astype(int).tolist()
+
+
+def chat_trace(n: int, rate: float, prompt_median: float = 96, prompt_sigma: float = 0.8,
+               output_median: float = 64, output_sigma: float = 0.8, max_len: int = 1024,
+               seed: int = 0) -> list[TraceEntry]:  # fmt: skip
+    """A chat-like trace: Poisson arrivals at ``rate`` requests/s, lognormal prompt and output
+    lengths; every prompt + output fits in ``max_len`` tokens (prompts take at most half)."""
+    if max_len < 2:
+        raise ValueError(f"max_len must be at least 2, got {max_len}")
+    rng = np.random.default_rng(seed)
+    prompts = lognormal_lengths(n, prompt_median, prompt_sigma, 1, max_len // 2, rng)
+    outputs = lognormal_lengths(n, output_median, output_sigma, 1, max_len, rng)
+    arrivals = poisson_arrivals(n, rate, seed)
+    return [TraceEntry(a, p, min(o, max_len - p)) for a, p, o in zip(arrivals, prompts, outputs)]
+
+
+def save_trace(entries: Sequence[TraceEntry], path: str | Path) -> None:
+    """Write a trace as JSON (a list of objects) or CSV, by the file's suffix."""
+    path = Path(path)
+    rows = [asdict(e) for e in entries]
+    if path.suffix == ".csv":
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=TRACE_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        path.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def load_trace(path: str | Path) -> list[TraceEntry]:
+    """Read a recorded trace (JSON or CSV with columns arrival, prompt_len, output_len), by arrival."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    else:
+        rows = json.loads(path.read_text())
+    entries = [_entry(row, i, path) for i, row in enumerate(rows)]
+    return sorted(entries, key=lambda e: e.arrival)
+
+
+def _entry(row: dict, i: int, path: Path) -> TraceEntry:
+    missing = [k for k in TRACE_FIELDS if k not in row]
+    if missing:
+        raise ValueError(f"{path}: entry {i} lacks {missing}; each needs {list(TRACE_FIELDS)}")
+    try:
+        entry = TraceEntry(float(row["arrival"]), int(row["prompt_len"]), int(row["output_len"]))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: entry {i} is not numeric: {row}") from e
+    if entry.arrival < 0 or entry.prompt_len < 1 or entry.output_len < 1:
+        raise ValueError(f"{path}: entry {i} needs arrival >= 0 and positive lengths, got {row}")
+    return entry
+
+
+def random_prompt(length: int, vocab_size: int, rng: np.random.Generator) -> list[int]:
+    return rng.integers(0, vocab_size, size=length).tolist()
+
+
+def requests_from_trace(entries: Sequence[TraceEntry], vocab_size: int, seed: int = 0,
+                        shared_prefix: Sequence[int] = ()) -> list[Request]:  # fmt: skip
+    """Greedy requests with random prompt ids of the trace's lengths; ``shared_prefix`` (e.g. a
+    system prompt) is put before every prompt."""
+    rng = np.random.default_rng(seed)
+    return [Request([*shared_prefix, *random_prompt(e.prompt_len, vocab_size, rng)], e.output_len, e.arrival, id=i)
+            for i, e in enumerate(entries)]  # fmt: skip

@@ -1,0 +1,182 @@
+"""Plots for the chapters: one message per figure, axes with units, the hardware in the title.
+
+matplotlib (and ipywidgets, for the interactive versions) are imported inside the functions,
+so the rest of minillm does not need them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..core.sampling import SamplingParams, probabilities
+
+
+def sampling_grid(logits: torch.Tensor, labels: Sequence[str], settings: Sequence[dict], title: str = ""):
+    """Small multiples: the next-token distribution under each sampling setting.
+
+    ``settings`` are SamplingParams keyword dicts, e.g. ``{"temperature": 0.5, "top_p": 0.9}``."""
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(settings))
+    rows = (len(settings) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows), sharey=True, squeeze=False)
+    for ax, kw in zip(axes.flat, settings):
+        probs = probabilities(logits.float(), SamplingParams(**kw))
+        kept = probs > 0
+        ax.bar(range(len(labels)), probs, color=["tab:blue" if k else "lightgray" for k in kept])
+        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
+        ax.set_title(describe(kw) + f" ({int(kept.sum())} tokens kept)", fontsize=9)
+    for ax in axes.flat[len(settings) :]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("probability")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def describe(kw: dict) -> str:
+    if kw.get("temperature", 0) == 0:
+        return "greedy"
+    parts = [f"T={kw['temperature']:g}"]
+    parts += [f"top-k={kw['top_k']}"] if kw.get("top_k") else []
+    parts += [f"top-p={kw['top_p']:g}"] if kw.get("top_p") else []
+    return ", ".join(parts)
+
+
+def interactive_sampling(logits: torch.Tensor, labels: Sequence[str]):
+    """Sliders for temperature, top-k and top-p over one distribution (needs ipywidgets and a
+    live kernel; the rendered book shows the static small multiples instead)."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    def show(temperature: float, top_k: int, top_p: float):
+        kw = {"temperature": temperature, "top_k": top_k or None, "top_p": top_p}
+        fig = sampling_grid(logits, labels, [kw])
+        plt.show(fig)
+
+    return widgets.interact(
+        show,
+        temperature=widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.05),
+        top_k=widgets.IntSlider(value=0, min=0, max=len(labels), description="top_k (0=off)"),
+        top_p=widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05),
+    )
+
+
+def plot_cache_vs_recompute(cached, recomputed, prompt_len: int, title: str = ""):
+    """Two panels from two GenerationResults: time of each new token against its position, and
+    the running total (quadratic without the cache, linear with it)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for result, name, color in ((recomputed, "recompute (no cache)", "tab:red"), (cached, "KV cache", "tab:blue")):
+        times = np.array([result.ttft] + list(result.token_times)) * 1e3  # ms
+        pos = prompt_len + np.arange(len(times))
+        ax1.plot(pos[1:], times[1:], ".", ms=2, color=color, label=name)
+        ax2.plot(pos, np.cumsum(times) / 1e3, color=color, label=name)
+    ax1.set(xlabel="position of the new token", ylabel="time for that token (ms)", title="per token")
+    ax2.set(xlabel="position of the new token", ylabel="total time so far (s)", title="running total")
+    ax1.legend(markerscale=5)
+    ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_kv_vs_weights(configs, dtype: str = "bf16", max_tokens: float = 2e6, title: str = ""):
+    """KV-cache bytes against tokens held (batch x context), one line per model, beside its weights;
+    the crossover, where the cache outweighs the model, is marked."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from ..kv.memory import crossover_tokens, kv_bytes_per_token, weight_bytes
+
+    fig, ax = plt.subplots()
+    tokens = np.logspace(3, np.log10(max_tokens), 100)
+    for i, cfg in enumerate(configs):
+        color = f"C{i}"
+        ax.loglog(tokens, tokens * kv_bytes_per_token(cfg, dtype) / 1e9, color=color, label=f"{cfg.name}: KV cache")
+        ax.axhline(weight_bytes(cfg, dtype) / 1e9, color=color, ls="--", lw=1, label=f"{cfg.name}: weights")
+        n = crossover_tokens(cfg, dtype)
+        ax.plot([n], [weight_bytes(cfg, dtype) / 1e9], "o", color=color)
+        ax.annotate(f"{n / 1e3:,.0f}k tokens", (n, weight_bytes(cfg, dtype) / 1e9), textcoords="offset points",
+                    xytext=(6, -12), fontsize=8, color=color)  # fmt: skip
+    ax.set(xlabel="tokens held in the cache (batch x context)", ylabel=f"GB ({dtype})", title=title)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def interactive_kv_calculator():
+    """Sliders for the KV formula (needs ipywidgets and a live kernel; the book shows the table)."""
+    import ipywidgets as widgets
+
+    from ..kv.memory import BYTES_PER_ELEMENT, format_bytes
+
+    def show(n_layers: int, n_kv_heads: int, head_dim: int, context: int, batch: int, dtype: str):
+        per_token = 2 * n_layers * n_kv_heads * head_dim * BYTES_PER_ELEMENT[dtype]
+        print(f"{format_bytes(per_token)} per token; {format_bytes(per_token * context)} per sequence; "
+              f"{format_bytes(per_token * context * batch)} for the batch")  # fmt: skip
+
+    return widgets.interact(
+        show,
+        n_layers=widgets.IntSlider(value=32, min=1, max=128),
+        n_kv_heads=widgets.IntSlider(value=8, min=1, max=128),
+        head_dim=widgets.IntSlider(value=128, min=32, max=256, step=32),
+        context=widgets.IntSlider(value=8192, min=512, max=131072, step=512),
+        batch=widgets.IntSlider(value=1, min=1, max=256),
+        dtype=widgets.Dropdown(options=list(BYTES_PER_ELEMENT), value="bf16"),
+    )
+
+
+def plot_quality(curves: dict, xlabel: str, baseline: float, title: str = ""):
+    """Perplexity against a knob (window, budget, ...), one line per method, the full cache dashed."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    for name, points in curves.items():
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, "o-", label=name)
+    ax.axhline(baseline, color="gray", ls="--", label="full cache")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel=xlabel, ylabel="perplexity (lower is better)", title=title)
+    ax.legend()
+    return fig
+
+
+def plot_kv_bench(rows, title: str = ""):
+    """Memory and decode speed of each technique relative to MHA, at the longest context measured."""
+    import matplotlib.pyplot as plt
+
+    longest = max(r["context"] for r in rows)
+    last = [r for r in rows if r["context"] == longest]
+    base = next(r for r in last if r["technique"].startswith("MHA"))
+    names = [r["technique"] for r in last]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 0.35 * len(names) + 1.5), sharey=True)
+    ax1.barh(names, [r["kv_bytes"] / base["kv_bytes"] for r in last], color="tab:blue")
+    ax2.barh(names, [r["tokens_per_s"] / base["tokens_per_s"] for r in last], color="tab:green")
+    ax1.set(xlabel="KV bytes vs MHA (lower is better)")
+    ax2.set(xlabel="decode tokens/s vs MHA (higher is better)")
+    ax2.axvline(1, color="gray", lw=1)
+    ax1.invert_yaxis()
+    fig.suptitle(f"{title}\ncontext {longest} tokens")
+    fig.tight_layout()
+    return fig
+
+
+def plot_uptraining(saved: dict, n_heads: int, title: str = ""):
+    """Perplexity during uptraining, one line per K/V-head count (from ``python -m minillm train gqa``)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    for n, curve in saved["curves"].items():
+        steps, ppl = zip(*curve)
+        kind = "MHA, the control" if int(n) == n_heads else ("MQA" if int(n) == 1 else "GQA")
+        ax.plot(steps, ppl, "o-", label=f"{n} K/V heads ({kind})")
+    ax.set_yscale("log")
+    ax.set(xlabel=f"uptraining step (batch {saved['batch_size']} x {saved['seq_len']} tokens)",
+           ylabel="validation perplexity", title=title)  # fmt: skip
+    ax.legend()
+    return fig

@@ -1,0 +1,113 @@
+"""The GPU check script: its pure helpers, and that without CUDA it exits 0 and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minillm.bench import gpu as gpu_check
+from minillm.core.cache import KVCache
+from tests.conftest import tiny_model
+
+
+def test_no_gpu_exits_zero_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main(["--results", str(tmp_path / "results")]) == 0
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path of the command line")
+def test_no_gpu_command_line(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "minillm.bench.gpu", "--results", str(tmp_path / "r")], cwd=root,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "needs a CUDA GPU" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "name, slug",
+    [("NVIDIA H200", "h200"), ("Tesla T4", "t4"), ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
+     ("NVIDIA L4", "l4"), ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"), ("  ", "gpu")],
+)  # fmt: skip
+def test_gpu_slug(name, slug):
+    assert gpu_check.gpu_slug(name) == slug
+
+
+def test_results_path():
+    assert gpu_check.results_path("NVIDIA H200", "results") == Path("results/h200/gpu_check.json")
+
+
+def test_datasheet_bandwidth():
+    assert gpu_check.datasheet_bandwidth("NVIDIA H200") == pytest.approx(4.8e12)
+    assert gpu_check.datasheet_bandwidth("Tesla T4") == pytest.approx(0.32e12)
+    assert gpu_check.datasheet_bandwidth("Some Future GPU") is None
+
+
+def test_attention_flops_non_causal():
+    # 2 matmuls of 2 * T * S * hd FLOPs each, per (batch, head)
+    assert gpu_check.attention_flops(2, 3, 5, 7, 64, causal=False) == 2 * 3 * 4 * 5 * 7 * 64
+
+
+def test_attention_flops_causal_counts_the_visible_pairs():
+    T, S, hd = 6, 10, 8
+    visible = torch.ones(T, S, dtype=torch.bool).tril(S - T).sum().item()  # query i sees keys <= S - T + i
+    assert gpu_check.attention_flops(1, 1, T, S, hd, causal=True) == 4 * hd * visible
+    square = gpu_check.attention_flops(1, 1, 1024, 1024, 64, causal=True)
+    assert square / gpu_check.attention_flops(1, 1, 1024, 1024, 64, causal=False) == pytest.approx(0.5, abs=1e-3)
+
+
+def test_attention_flops_rejects_more_queries_than_keys():
+    with pytest.raises(ValueError, match="q_len <= kv_len"):
+        gpu_check.attention_flops(1, 1, 8, 4, 64, causal=True)
+
+
+def test_static_decode_cache_gives_the_same_logits_as_the_kv_cache():
+    """The fixed-shape cache of the compiled decode section computes what KVCache computes."""
+    model = tiny_model()
+    static = gpu_check.StaticDecodeCache(model.config, 1, 16, torch.float32, device="cpu")
+    cache = KVCache.for_model(model, 1, 16)
+    with torch.no_grad():
+        for i, token in enumerate([3, 14, 15, 92, 65]):
+            ids = torch.tensor([[token]])
+            expected = model(ids, None, cache)
+            assert torch.allclose(model(ids, torch.tensor([[i]]), static), expected, atol=1e-5)
+
+
+def test_section_errors_are_recorded_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    report = {"sections": {}}
+
+    def broken(deadline, out):
+        out["rows"] = ["measured before the failure"]
+        raise RuntimeError("boom")
+
+    gpu_check.run_section(report, "correctness", broken, tmp_path / "out.json")
+    section = report["sections"]["correctness"]
+    assert section["error"] == "RuntimeError: boom"
+    assert section["rows"] == ["measured before the failure"]
+    assert json.loads((tmp_path / "out.json").read_text())["sections"]["correctness"]["error"] == "RuntimeError: boom"
+
+
+def test_a_section_past_its_limit_is_stopped_and_keeps_its_figures(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setitem(gpu_check.SECTION_LIMITS_S, "slow", 1)
+    report = {"sections": {}}
+
+    def slow(deadline, out):
+        out["first"] = 1.0
+        time.sleep(5)
+        out["second"] = 2.0
+
+    gpu_check.run_section(report, "slow", slow, tmp_path / "out.json")
+    section = report["sections"]["slow"]
+    assert section["error"].startswith("SectionTimeout") and section["first"] == 1.0 and "second" not in section
+    assert section["seconds"] < 4

@@ -1,0 +1,59 @@
+"""The book's structure: every chapter has the same frame, links follow the one repository URL in
+_config.yml, the table of contents lists exactly what exists, and nothing is saved broken."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from minillm.book import exercises as ex
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+NOTEBOOKS = CHAPTERS + sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+def toc_files() -> set[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = {toc["root"]}
+    for part in toc["parts"]:
+        files |= {c["file"] for c in part["chapters"]}
+    return files
+
+
+def test_toc_lists_exactly_the_chapters_and_exercises_that_exist():
+    on_disk = {f"{d}/{p.stem}" for d in ("chapters", "exercises") for p in (ROOT / d).glob("*.ipynb")}
+    listed = {f for f in toc_files() if f.startswith(("chapters/", "exercises/"))}
+    assert listed == on_disk
+    for f in toc_files() - listed:
+        assert (ROOT / f"{f}.md").is_file(), f"{f} is in _toc.yml but does not exist"
+
+
+def test_links_follow_the_repository_in_config():
+    repo, branch = ex.repository(ROOT / "_config.yml")
+    for path in NOTEBOOKS:
+        nb = ex.read_notebook(path)
+        badge_path = f"{'exercises' if path.parent.name == 'solutions' else 'chapters'}/{path.name}"
+        assert ex.dump_notebook(ex.sync_links(nb, badge_path, repo, branch)) == ex.dump_notebook(nb), (
+            f"{path.name}: run `make exercises` to point its links at {repo}"
+        )
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_every_chapter_has_the_same_frame(path):
+    cells = ex.read_notebook(path)["cells"]
+    first = cells[0]["source"]
+    assert cells[0]["cell_type"] == "markdown" and ex.BADGE.search(first), "starts with an Open in Colab badge"
+    assert "**What you'll learn**" in first
+    assert cells[1]["cell_type"] == "code" and '"google.colab" in sys.modules' in cells[1]["source"]
+    assert "setup(" in cells[2]["source"], "the first code cell after the install cell calls minillm.book.setup()"
+    last = cells[-1]["source"]
+    assert "## Key takeaways" in last and f"../exercises/{path.name}" in last
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.name}-{p.stem}" for p in NOTEBOOKS])
+def test_notebooks_are_saved_with_outputs_and_without_errors(path):
+    code = [c for c in ex.read_notebook(path)["cells"] if c["cell_type"] == "code" and c["source"].strip()]
+    errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"{path.name} was saved with an error output"
+    assert sum(bool(c.get("outputs")) for c in code) >= len(code) // 2, f"{path.name} was saved without outputs"

@@ -1,0 +1,86 @@
+"""The exercise machinery: exercises/ is generated from solutions/, every solution passes its
+checks (the notebooks themselves run under nbval), and every exercise's check fails without its
+solution. The checkers also reject plausible wrong answers."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from minillm.book import checks
+from minillm.book import exercises as ex
+from minillm.core.sampling import SamplingParams, probabilities
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+def test_there_are_exercises_for_every_chapter():
+    chapters = {p.name for p in (ROOT / "chapters").glob("*.ipynb")}
+    assert chapters and chapters == {p.name for p in SOLUTIONS}
+
+
+def test_exercises_are_in_sync_with_solutions(tmp_path):
+    written = ex.write_exercises(ROOT / "solutions", tmp_path)
+    assert {p.name for p in written} == {p.name for p in (ROOT / "exercises").glob("*.ipynb")}
+    for path in written:
+        committed = (ROOT / "exercises" / path.name).read_text(encoding="utf-8")
+        assert path.read_text(encoding="utf-8") == committed, f"run `make exercises`: {path.name} is stale"
+
+
+def test_stubs_replace_regions_and_keep_indentation():
+    src = "def f(x):\n    ### BEGIN SOLUTION\n    y = x + 1\n    return y\n    ### END SOLUTION\n\nprint(f)\n"
+    assert ex.stub_source(src) == f"def f(x):\n    {ex.STUB}\n\nprint(f)\n"
+    two = src + src.replace("f(", "g(")
+    assert ex.count_regions(two) == 2
+    assert ex.stub_source(two, only=1).count(ex.STUB) == 1 and "return y" in ex.stub_source(two, only=1)
+
+
+def _regions(nb) -> int:
+    return sum(ex.count_regions(ex._cell_source(c)) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+CASES = [(p, i) for p in SOLUTIONS for i in range(_regions(ex.read_notebook(p)))]
+
+
+@pytest.mark.parametrize("path, region", CASES, ids=[f"{p.stem}-{i}" for p, i in CASES])
+def test_each_check_fails_without_its_solution(path, region):
+    """Stub one exercise, keep the others solved: running the notebook must fail."""
+    nb = ex.exercise_notebook(ex.read_notebook(path), only=region)
+    with pytest.raises(Exception, match="NotImplementedError|CheckFailed"):
+        ex.execute_notebook(nb, cwd=path.parent, timeout=300)
+
+
+def test_checkers_reject_plausible_wrong_answers():
+    with pytest.raises(checks.CheckFailed, match="temperature"):
+        checks.check_softmax_with_temperature(lambda logits, t: torch.softmax(logits, -1))  # ignores T
+    with pytest.raises(checks.CheckFailed, match="overflow"):
+        checks.check_softmax_with_temperature(lambda logits, t: torch.exp(logits / t) / torch.exp(logits / t).sum())
+
+    def top_p_without_renormalizing(probs, p):
+        keep = probabilities(probs.log(), SamplingParams(temperature=1.0, top_p=p)) > 0
+        return probs * keep
+
+    with pytest.raises(checks.CheckFailed, match="top-p"):
+        checks.check_top_p(top_p_without_renormalizing)
+
+    def top_p_right(probs, p):
+        return probabilities(probs.log(), SamplingParams(temperature=1.0, top_p=p))
+
+    checks.check_top_p(top_p_right)  # the library's own filter passes
+
+
+def test_greedy_checker_rejects_a_loop_that_reads_the_wrong_position():
+    from tests.conftest import tiny_model
+
+    model = tiny_model()
+
+    @torch.inference_mode()
+    def first_position_argmax(model, ids, n):
+        out = list(ids)
+        for _ in range(n):
+            out.append(int(model(torch.tensor([out]))[0, 0].argmax()))
+        return out[len(ids) :]
+
+    with pytest.raises(checks.CheckFailed, match="last"):
+        checks.check_greedy_generate(first_position_argmax, model, [1, 2, 3])
