@@ -154,7 +154,7 @@ def check_goals(figures: dict) -> list[dict]:
 
 def format_batching(figures: dict) -> str:
     """The three results side by side, as text tables, with the hardware line."""
-    from .generation import format_table
+    from .report import format_table
 
     tp = figures["throughput"]
     rows = [{"policy": p, "tokens/s": tp[p]["output_tokens_per_s"], "requests/s": tp[p]["requests_per_s"],

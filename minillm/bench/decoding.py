@@ -34,7 +34,7 @@ from ..decoding.lookahead import lookahead_generate
 from ..decoding.medusa import CONFIG_FILE, MedusaHeads, medusa_generate
 from ..decoding.speculative import DecodingStats, prompt_lookup_generate, speculative_generate
 from ..training import corpus
-from .generation import format_table
+from .report import format_table
 
 Method = Callable[[list[int]], tuple[list[int], DecodingStats | None]]
 

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -28,6 +27,7 @@ from ..core.generate import generate
 from ..core.model import Transformer
 from ..core.tokenizer import Tokenizer
 from ..training import corpus
+from .report import format_table
 
 GOAL_VS_TRANSFORMERS = 1.5  # minillm end-to-end tokens/s over transformers'
 GOAL_CACHE_SPEEDUP = 5.0  # KV cache tokens/s over recompute, at prompt GOAL_CACHE_PROMPT_LEN
@@ -292,37 +292,6 @@ def check_goals(vs_transformers: dict | None, cache_vs_recompute: dict | None) -
     return [{"goal": goal, "target": target, "measured": measured,
              "status": "NOT MEASURED" if measured is None else "MET" if measured >= target else "NOT MET"}
             for goal, target, measured in goals]  # fmt: skip
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.1f}"
-    return str(value)
-
-
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | Sequence[str] | None = None,
-                 title: str | None = None) -> str:  # fmt: skip
-    """Rows of figures as an aligned text table. ``columns`` maps row keys to headers (default:
-    every key of the first row); numbers are right-aligned, text left-aligned."""
-    if columns is None:
-        columns = list(rows[0]) if rows else []
-    headers = dict(columns) if isinstance(columns, Mapping) else {c: c for c in columns}
-    cells = [[_cell(row.get(key)) for key in headers] for row in rows]
-    numeric = [all(isinstance(row.get(key), (int, float)) for row in rows) for key in headers]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers.values())]
-
-    def line(values: Sequence[str]) -> str:
-        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
-        return "  ".join(parts).rstrip()
-
-    out = [title] if title else []
-    out += [line(list(headers.values())), line(["-" * w for w in widths])]
-    out += [line(r) for r in cells]
-    return "\n".join(out)
 
 
 def format_vs_transformers(result: dict) -> str:

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.device import best_device, hardware_description
+from ..core.device import best_device, hardware_description, set_threads_from_env
+from ..viz.style import set_plot_style
 
 SCALES = ("tiny", "small", "medium", "large")  # tiny: tests; small: a laptop CPU; medium/large: GPUs
 
@@ -60,28 +61,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)  # noqa: NPY002 (readers' own np.random calls use the global generator)
     torch.manual_seed(seed)
-
-
-def set_plot_style() -> None:
-    """One look for every figure in the book (matplotlib is imported only here)."""
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({
-        "figure.figsize": (7.0, 4.0), "figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3,
-        "axes.spines.top": False, "axes.spines.right": False, "axes.titlesize": 11, "font.size": 10,
-        "legend.frameon": False, "savefig.bbox": "tight",
-    })  # fmt: skip
-
-
-def set_threads_from_env() -> None:
-    """MINILLM_THREADS=n caps PyTorch's CPU threads. Notebooks run side by side (the test suite
-    runs two at once on two cores) must not each take every core: oversubscribed, PyTorch's
-    worker threads wait on each other and a decode step gets tens of times slower."""
-    threads = os.environ.get("MINILLM_THREADS")
-    if threads:
-        if not threads.isdigit() or int(threads) < 1:
-            raise ValueError(f"MINILLM_THREADS must be a positive integer, got {threads!r}")
-        torch.set_num_threads(int(threads))
 
 
 def setup(seed: int = 0, device: str | None = None, scale: str | None = None, quiet: bool = False) -> BookContext:

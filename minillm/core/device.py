@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from contextlib import suppress
 from pathlib import Path
@@ -43,3 +44,14 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def set_threads_from_env() -> None:
+    """MINILLM_THREADS=n caps PyTorch's CPU threads. Notebooks run side by side (the test suite
+    runs two at once on two cores) must not each take every core: oversubscribed, PyTorch's
+    worker threads wait on each other and a decode step gets tens of times slower."""
+    threads = os.environ.get("MINILLM_THREADS")
+    if threads:
+        if not threads.isdigit() or int(threads) < 1:
+            raise ValueError(f"MINILLM_THREADS must be a positive integer, got {threads!r}")
+        torch.set_num_threads(int(threads))

@@ -254,7 +254,7 @@ def bench_kv(shape: str = "SmolLM2-135M", contexts: Sequence[int] = (256, 1024, 
 
 
 def format_kv_bench(result: dict) -> str:
-    from ..bench.generation import format_table
+    from ..bench.report import format_table
     from .memory import format_bytes
 
     rows = [{**r, "kv": format_bytes(r["kv_bytes"]), "memory": f"{r['memory_vs_mha']:.3f}x",

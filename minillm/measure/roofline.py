@@ -231,7 +231,7 @@ def plot_roofline(roof: Roofline, points: list[tuple[str, float, float | None]],
 
 def format_phases(rows: list[dict], title: str) -> str:
     """``measure_phases`` rows as a table in readable units."""
-    from ..bench.generation import format_table
+    from ..bench.report import format_table
 
     table = [{"phase": r["phase"], "batch": r["batch"], "ms": 1e3 * r["seconds"], "tokens/s": r["tokens_per_s"],
               "FLOP/byte": r["intensity"], "GFLOP/s": r["flops_per_s"] / 1e9, "GB/s": r["bytes_per_s"] / 1e9,

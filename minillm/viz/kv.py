@@ -1,75 +1,17 @@
-"""Plots for the chapters: one message per figure, axes with units, the hardware in the title.
-
-matplotlib (and ipywidgets, for the interactive versions) are imported inside the functions,
-so the rest of minillm does not need them.
-"""
+"""Chapters 4 and 5's pictures: cache vs recompute, KV bytes against weight bytes, and what each
+way of shrinking the cache costs in quality and buys in speed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import matplotlib.pyplot as plt
+import numpy as np
 
-import torch
-
-from ..core.sampling import SamplingParams, probabilities
-
-
-def sampling_grid(logits: torch.Tensor, labels: Sequence[str], settings: Sequence[dict], title: str = ""):
-    """Small multiples: the next-token distribution under each sampling setting.
-
-    ``settings`` are SamplingParams keyword dicts, e.g. ``{"temperature": 0.5, "top_p": 0.9}``."""
-    import matplotlib.pyplot as plt
-
-    cols = min(3, len(settings))
-    rows = (len(settings) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows), sharey=True, squeeze=False)
-    for ax, kw in zip(axes.flat, settings):
-        probs = probabilities(logits.float(), SamplingParams(**kw))
-        kept = probs > 0
-        ax.bar(range(len(labels)), probs, color=["tab:blue" if k else "lightgray" for k in kept])
-        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
-        ax.set_title(describe(kw) + f" ({int(kept.sum())} tokens kept)", fontsize=9)
-    for ax in axes.flat[len(settings) :]:
-        ax.axis("off")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("probability")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def describe(kw: dict) -> str:
-    if kw.get("temperature", 0) == 0:
-        return "greedy"
-    parts = [f"T={kw['temperature']:g}"]
-    parts += [f"top-k={kw['top_k']}"] if kw.get("top_k") else []
-    parts += [f"top-p={kw['top_p']:g}"] if kw.get("top_p") else []
-    return ", ".join(parts)
-
-
-def interactive_sampling(logits: torch.Tensor, labels: Sequence[str]):
-    """Sliders for temperature, top-k and top-p over one distribution (needs ipywidgets and a
-    live kernel; the rendered book shows the static small multiples instead)."""
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-
-    def show(temperature: float, top_k: int, top_p: float):
-        kw = {"temperature": temperature, "top_k": top_k or None, "top_p": top_p}
-        fig = sampling_grid(logits, labels, [kw])
-        plt.show(fig)
-
-    return widgets.interact(
-        show,
-        temperature=widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.05),
-        top_k=widgets.IntSlider(value=0, min=0, max=len(labels), description="top_k (0=off)"),
-        top_p=widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05),
-    )
+from ..kv.memory import BYTES_PER_ELEMENT, crossover_tokens, format_bytes, kv_bytes_per_token, weight_bytes
 
 
 def plot_cache_vs_recompute(cached, recomputed, prompt_len: int, title: str = ""):
     """Two panels from two GenerationResults: time of each new token against its position, and
     the running total (quadratic without the cache, linear with it)."""
-    import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for result, name, color in ((recomputed, "recompute (no cache)", "tab:red"), (cached, "KV cache", "tab:blue")):
@@ -89,10 +31,6 @@ def plot_cache_vs_recompute(cached, recomputed, prompt_len: int, title: str = ""
 def plot_kv_vs_weights(configs, dtype: str = "bf16", max_tokens: float = 2e6, title: str = ""):
     """KV-cache bytes against tokens held (batch x context), one line per model, beside its weights;
     the crossover, where the cache outweighs the model, is marked."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from ..kv.memory import crossover_tokens, kv_bytes_per_token, weight_bytes
 
     fig, ax = plt.subplots()
     tokens = np.logspace(3, np.log10(max_tokens), 100)
@@ -113,8 +51,6 @@ def interactive_kv_calculator():
     """Sliders for the KV formula (needs ipywidgets and a live kernel; the book shows the table)."""
     import ipywidgets as widgets
 
-    from ..kv.memory import BYTES_PER_ELEMENT, format_bytes
-
     def show(n_layers: int, n_kv_heads: int, head_dim: int, context: int, batch: int, dtype: str):
         per_token = 2 * n_layers * n_kv_heads * head_dim * BYTES_PER_ELEMENT[dtype]
         print(f"{format_bytes(per_token)} per token; {format_bytes(per_token * context)} per sequence; "
@@ -133,7 +69,6 @@ def interactive_kv_calculator():
 
 def plot_quality(curves: dict, xlabel: str, baseline: float, title: str = ""):
     """Perplexity against a knob (window, budget, ...), one line per method, the full cache dashed."""
-    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
     for name, points in curves.items():
@@ -148,7 +83,6 @@ def plot_quality(curves: dict, xlabel: str, baseline: float, title: str = ""):
 
 def plot_kv_bench(rows, title: str = ""):
     """Memory and decode speed of each technique relative to MHA, at the longest context measured."""
-    import matplotlib.pyplot as plt
 
     longest = max(r["context"] for r in rows)
     last = [r for r in rows if r["context"] == longest]
@@ -168,7 +102,6 @@ def plot_kv_bench(rows, title: str = ""):
 
 def plot_uptraining(saved: dict, n_heads: int, title: str = ""):
     """Perplexity during uptraining, one line per K/V-head count (from ``python -m minillm train gqa``)."""
-    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
     for n, curve in saved["curves"].items():

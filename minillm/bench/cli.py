@@ -1,0 +1,177 @@
+"""``python -m minillm bench BENCHMARK``: the command line of the benchmarks. Each command builds
+the benchmark's options, runs it, prints its tables and, with ``--json``, saves its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..cli import DEFAULT_MODEL, DTYPES, CliError, bad_input, default_device, parse_device, write_json
+from ..core.checkpoints import config_from_hf, load, resolve
+from ..core.config import PRESETS
+from ..core.device import set_threads_from_env
+from . import generation as bench
+
+
+def cmd_bench_generate(args: argparse.Namespace) -> int:
+    device = parse_device(args.device) or default_device()
+    check_bench_args(args)
+    vs_transformers = None
+    print(f"minillm vs transformers on {args.model} ({device})...", file=sys.stderr, flush=True)
+    try:
+        with bad_input():
+            vs_transformers = bench.bench_vs_transformers(args.model, args.prompt_len, args.new_tokens,
+                                                          args.repeats, device)  # fmt: skip
+        print(bench.format_vs_transformers(vs_transformers), end="\n\n", flush=True)
+    except ImportError as e:
+        print(f"skipped the comparison with transformers: {e}", file=sys.stderr, flush=True)
+    print(f"KV cache vs recompute at prompts {args.prompt_lens}...", file=sys.stderr, flush=True)
+    with bad_input():
+        cache = bench.bench_cache_vs_recompute(args.model, tuple(args.prompt_lens), args.new_tokens,
+                                               args.repeats, device)  # fmt: skip
+    print(bench.format_cache_vs_recompute(cache), end="\n\n")
+    goals = bench.check_goals(vs_transformers, cache)
+    print(bench.format_goals(goals))
+    if args.json:
+        write_json(args.json, {"vs_transformers": vs_transformers, "cache_vs_recompute": cache, "goals": goals})
+    return 0
+
+
+def cmd_bench_kv(args: argparse.Namespace) -> int:
+    from ..kv.gqa import bench_kv, format_kv_bench
+
+    if args.repeats < 1 or args.new_tokens < 1 or min(args.contexts) < 1:
+        raise CliError("--repeats, --new-tokens and --contexts must be positive integers")
+    if args.shape not in PRESETS:
+        raise CliError(f"unknown shape {args.shape!r}; choose one of {', '.join(PRESETS)}")
+    set_threads_from_env()
+    device = parse_device(args.device) or default_device()
+    print(f"KV-cache techniques on a random {args.shape} (as MHA), contexts {args.contexts} ({device})...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    result = bench_kv(args.shape, tuple(args.contexts), args.batch, args.new_tokens, args.repeats, device,
+                      DTYPES[args.dtype] if args.dtype else None)  # fmt: skip
+    print(format_kv_bench(result))
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+def cmd_bench_decoding(args: argparse.Namespace) -> int:
+    from .decoding import bench_decoding, format_decoding
+
+    if min(args.repeats, args.new_tokens, args.prompts, args.prompt_len, args.k) < 1:
+        raise CliError("--repeats, --new-tokens, --prompts, --prompt-len and --k must be positive integers")
+    device = parse_device(args.device) or default_device()
+    print(f"greedy, speculative, prompt lookup, lookahead and Medusa decoding of {args.target} ({device})...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    with bad_input():
+        result = bench_decoding(args.target, args.draft, args.prompts, args.prompt_len, args.new_tokens,
+                                args.repeats, args.k, device)  # fmt: skip
+    print(format_decoding(result))
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+def cmd_bench_batching(args: argparse.Namespace) -> int:
+    from .batching import bench_batching, check_goals, format_batching
+
+    counts = (args.requests, args.max_batch, args.prefix_requests, args.system_len, args.prompt_median,
+              args.output_median, args.repeats)  # fmt: skip
+    if min(counts) < 1 or args.rate <= 0:
+        raise CliError("--requests, --max-batch, --prefix-requests, --system-len, --prompt-median, --output-median, "
+                       "--repeats and --rate must be positive")  # fmt: skip
+    device = parse_device(args.device) or default_device()
+    with bad_input():
+        model, _ = load(args.model, device=device)
+    print(f"static vs continuous batching, KV waste, prefix cache on {args.model} ({device})...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    with bad_input():
+        figures = bench_batching(model, args.requests, args.rate, args.max_batch, args.prompt_median,
+                                 args.output_median, prefix_requests=args.prefix_requests,
+                                 system_len=args.system_len, repeats=args.repeats,
+                                 progress=not args.no_progress)  # fmt: skip
+    figures["goals"] = check_goals(figures)
+    print(format_batching(figures))
+    if args.json:
+        write_json(args.json, figures)
+    return 0
+
+
+def check_bench_args(args: argparse.Namespace) -> None:
+    """Fail in a second, not after minutes of measuring: counts, and prompts that fit the context."""
+    if args.repeats < 1:
+        raise CliError(f"--repeats must be a positive integer, got {args.repeats}")
+    if args.new_tokens < 2:
+        raise CliError(f"--new-tokens must be at least 2 (decode speed needs a second token), got {args.new_tokens}")
+    prompt_lens = [args.prompt_len, *args.prompt_lens]
+    if min(prompt_lens) < 1:
+        raise CliError(f"prompt lengths must be positive, got {prompt_lens}")
+    with bad_input():
+        config_path = resolve(args.model) / "config.json"
+        if not config_path.is_file():
+            raise CliError(f"no config.json in {config_path.parent}")
+        context = config_from_hf(json.loads(config_path.read_text())).max_seq_len
+    too_long = sorted({p for p in prompt_lens if p + args.new_tokens > context})
+    if too_long:
+        raise CliError(f"prompt lengths {too_long} + --new-tokens {args.new_tokens} exceed the context length "
+                       f"{context} of {args.model}")  # fmt: skip
+
+
+def add_bench(commands) -> None:
+    bench_parser = commands.add_parser("bench", help="measure: generation speed, KV-cache techniques, ...")
+    kinds = bench_parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", title="benchmarks", required=True)
+    p = kinds.add_parser("generate", help="generation speed: minillm vs transformers, KV cache vs recompute")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model to measure (default: {DEFAULT_MODEL})")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs of each, after a warmup (default: 5)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per run (default: 128)")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens, vs transformers (default: 64)")
+    p.add_argument("--prompt-lens", type=int, nargs="+", default=[64, 256, 512],
+                   help="prompt lengths, cache vs recompute (default: 64 256 512)")  # fmt: skip
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.set_defaults(handler=cmd_bench_generate)
+    p = kinds.add_parser("kv", help="KV-cache techniques: bytes and decode tokens/s at several contexts")
+    p.add_argument("--shape", default="SmolLM2-135M", help="preset shape, made MHA (default: SmolLM2-135M)")
+    p.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 4096], help="(default: 256 1024 4096)")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded together (default: 1)")
+    p.add_argument("--new-tokens", type=int, default=16, help="decode steps per timed run (default: 16)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, else float32")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.set_defaults(handler=cmd_bench_kv)
+    p = kinds.add_parser("decoding", help="speculative, prompt lookup, lookahead, Medusa vs plain greedy decoding")
+    p.add_argument("--target", default=DEFAULT_MODEL, help=f"the model (default: {DEFAULT_MODEL})")
+    p.add_argument(
+        "--draft", default="minillm-draft", help="draft model of speculative decoding (default: minillm-draft)"
+    )
+    p.add_argument("--k", type=int, default=4, help="draft tokens per round (default: 4)")
+    p.add_argument("--prompts", type=int, default=4, help="corpus prompts, one run each (default: 4)")
+    p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt (default: 64)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (default: 128)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after a warmup (default: 3)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.set_defaults(handler=cmd_bench_decoding)
+    add_bench_batching(kinds)
+
+
+def add_bench_batching(kinds) -> None:
+    p = kinds.add_parser("batching", help="static vs continuous batching, paged KV waste, prefix-cache TTFT")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"the model (default: {DEFAULT_MODEL})")
+    p.add_argument("--requests", type=int, default=128, help="requests in the workload (default: 128)")
+    p.add_argument("--rate", type=float, default=1000.0, help="Poisson arrivals per second (default: 1000)")
+    p.add_argument("--max-batch", type=int, default=16, help="sequences per step at most (default: 16)")
+    p.add_argument("--prompt-median", type=float, default=64, help="median prompt tokens (default: 64)")
+    p.add_argument("--output-median", type=float, default=64, help="median output tokens (default: 64)")
+    p.add_argument("--prefix-requests", type=int, default=8, help="requests sharing a system prompt (default: 8)")
+    p.add_argument("--system-len", type=int, default=512, help="system prompt tokens (default: 512)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each batching policy, taking turns (default: 3)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.set_defaults(handler=cmd_bench_batching)

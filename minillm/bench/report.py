@@ -1,0 +1,177 @@
+"""What every benchmark reports with its figures, and where it keeps them.
+
+- ``provenance``: the one record of where figures came from (hardware, device, threads, the
+  machine's load, torch version, dtype, model, date), put into every result dict;
+- the results store: ``results/<hardware>/<name>.json``, written by ``save_result`` and read by
+  ``load_results`` (chapters plot saved runs next to their live ones);
+- ``format_table``: rows of figures as an aligned text table, for the command line and notebooks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.device import cpu_name, hardware_description
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
+
+
+# ---------------------------------------------------------------------------------------------
+# Provenance
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (None where the OS does not report one)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def provenance(
+    device: str | torch.device = "cpu",
+    model: str | None = None,
+    dtype: torch.dtype | str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Where a measurement comes from. ``extra`` adds the benchmark's own settings (batch, repeats...).
+
+    The load average is read now; call ``finish_provenance`` at the end to add it again, since
+    other work on a shared machine skews timings and the figures should say how much there was."""
+    device = torch.device(device)
+    record: dict[str, Any] = {
+        "hardware": hardware_description(device),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_average_before": load_average(),
+    }
+    if model is not None:
+        record["model"] = model
+    if dtype is not None:
+        record["dtype"] = str(dtype).removeprefix("torch.")
+    record.update(extra)
+    return record
+
+
+def finish_provenance(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with the load average at the end of the run added (returns the same dict)."""
+    record["load_average_after"] = load_average()
+    return record
+
+
+def describe(record: Mapping[str, Any]) -> str:
+    """One line for a table's title: hardware, dtype, model, threads and load, as far as known."""
+    parts = [record.get("hardware", "unknown hardware")]
+    if record.get("dtype"):
+        parts.append(str(record["dtype"]))
+    if record.get("model"):
+        parts.append(str(record["model"]))
+    load = [record.get("load_average_before"), record.get("load_average_after")]
+    if any(x is not None for x in load):
+        parts.append("load " + " -> ".join(f"{x:.2f}" for x in load if x is not None))
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The results store
+
+
+def hardware_slug(device: str | torch.device = "cpu") -> str:
+    """A results folder name: 'NVIDIA H200' -> 'h200'; an Intel Xeon with 2 cores -> 'cpu-xeon-2core'."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return gpu_slug(torch.cuda.get_device_name(device))
+    name = re.sub(r"\((r|tm)\)|\bcpu\b|\bprocessor\b|@.*$|\bintel\b|\bamd\b|\bcore\b", " ", cpu_name().lower())
+    words = re.findall(r"[a-z][a-z0-9]*", name)
+    return f"{device.type}-{words[0] if words else platform.machine().lower()}-{os.cpu_count() or 1}core"
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'h200', 'Tesla T4' -> 't4', 'NVIDIA GeForce RTX 4090' -> 'geforce-rtx-4090'."""
+    slug = re.sub(r"^((nvidia|tesla)\s+)+", "", name.strip().lower())
+    slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-")
+    return slug or "gpu"
+
+
+def check_name(name: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or "") or name.startswith("."):
+        raise ValueError(f"a result's name is a plain file stem such as 'bench_kv', got {name!r}")
+
+
+def result_path(name: str, hardware: str, results_dir: str | Path | None = None) -> Path:
+    """results/<hardware>/<name>.json."""
+    check_name(name)
+    check_name(hardware)
+    return Path(results_dir or RESULTS_DIR) / hardware / f"{name}.json"
+
+
+def write_json(path: str | Path, figures: Mapping[str, Any]) -> Path:
+    """Figures as indented JSON at ``path`` (folders made as needed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, indent=1) + "\n")
+    return path
+
+
+def save_result(
+    name: str, figures: Mapping[str, Any], hardware: str | None = None, results_dir: str | Path | None = None
+) -> Path:
+    """Write ``figures`` to results/<hardware>/<name>.json (hardware: this machine's slug by default)."""
+    return write_json(result_path(name, hardware or hardware_slug(figures.get("device", "cpu")), results_dir), figures)
+
+
+def load_results(name: str, results_dir: str | Path | None = None) -> dict[str, dict]:
+    """Every saved ``<name>.json``, by hardware folder; empty when none was saved."""
+    check_name(name)
+    root = Path(results_dir or RESULTS_DIR)
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(root.glob(f"*/{name}.json"))}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.1f}"
+    return str(value)
+
+
+def format_table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Mapping[str, str] | Sequence[str] | None = None,
+    title: str | None = None,
+) -> str:
+    """Rows of figures as an aligned text table. ``columns`` maps row keys to headers (default:
+    every key of the first row); numbers are right-aligned, text left-aligned."""
+    if columns is None:
+        columns = list(rows[0]) if rows else []
+    headers = dict(columns) if isinstance(columns, Mapping) else {c: c for c in columns}
+    cells = [[_cell(row.get(key)) for key in headers] for row in rows]
+    numeric = [all(isinstance(row.get(key), (int, float)) for row in rows) for key in headers]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers.values())]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        return "  ".join(parts).rstrip()
+
+    out = [title] if title else []
+    out += [line(list(headers.values())), line(["-" * w for w in widths])]
+    out += [line(r) for r in cells]
+    return "\n".join(out)

@@ -1,0 +1,63 @@
+"""What every command of the command line shares: one-line errors with status 2, the parser that
+prints them, and the parsing of devices and dtypes. ``__main__`` (generate, models, corpus,
+train) and ``bench.cli`` (the benchmarks) both build on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from .bench.report import write_json as _write_json
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_MODEL = "minillm-target"
+
+
+class CliError(Exception):
+    """Bad input: main prints the message on one line and exits with status 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line (``minillm generate: error: ...``) and status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+@contextmanager
+def bad_input() -> Iterator[None]:
+    """Turn the library's errors about its input (ValueError, CheckpointError) into CliError."""
+    try:
+        yield
+    except ValueError as e:
+        raise CliError(str(e)) from e
+
+
+def parse_device(name: str | None) -> str | None:
+    if name is None:
+        return None
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise CliError(f"unknown device {name!r}; use cpu, cuda, cuda:N or mps") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CliError(f"device {name!r} asked for, but CUDA is not available on this machine")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise CliError(f"device {name!r} asked for, but MPS is not available on this machine")
+    return str(device)
+
+
+def default_device() -> str:
+    """The device benchmarks run on unless told: cuda when available, else the cpu."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def write_json(path: Path, figures: dict) -> None:
+    """Write a command's figures to the JSON file it was given, and say where."""
+    _write_json(path, figures)
+    print(f"figures written to {path}")
