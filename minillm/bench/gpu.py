@@ -299,7 +299,7 @@ def _paged_row(B: int, ctx: int, H: int, Hkv: int, hd: int, bs: int, dtype: torc
 
 def paged_bandwidth(deadline: float, out: dict) -> None:
     """GB/s of the paged decode kernel (Llama-3-8B attention shape, blocks scattered) vs a plain copy."""
-    from ..measure.roofline import measure_bandwidth
+    from .roofline import measure_bandwidth
 
     copy_bw = max(measure_bandwidth("cuda", megabytes=1024) for _ in range(3))
     out["copy_GB_s"] = copy_bw / 1e9
@@ -371,7 +371,7 @@ def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
     """Batch-1 greedy decode of a random Llama-3-8B-shaped model: eager vs torch.compile + CUDA graphs."""
     from minillm import random_model
 
-    from ..measure.roofline import measure_bandwidth
+    from .roofline import measure_bandwidth
 
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     free, _ = torch.cuda.mem_get_info()

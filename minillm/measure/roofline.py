@@ -1,4 +1,6 @@
-"""The roofline model (Williams, Waterman & Patterson, 2009), measured on this machine.
+"""The roofline model (Williams, Waterman & Patterson, 2009): counted FLOPs and bytes of a model's
+forward, accelerators' datasheets, and what they bound. Measuring this machine's roof is
+``minillm.bench.roofline``; drawing it, ``minillm.viz.roofline``.
 
 An operation that does F FLOPs while moving B bytes has arithmetic intensity I = F / B. On a
 device with peak compute P (FLOP/s) and memory bandwidth W (bytes/s) it can run at most at
@@ -9,14 +11,10 @@ sits far left of the ridge; prefill and large batches move right.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
-import torch
-
 from ..core.config import ModelConfig
-from ..core.device import synchronize
+from .metrics import cost_per_million_tokens
 
 
 @dataclass(frozen=True)
@@ -101,74 +99,6 @@ def forward_cost(config: ModelConfig, batch: int, new_tokens: int, context: int,
     return OpCost("forward", sum(o.flops for o in ops), sum(o.bytes for o in ops))
 
 
-def _median_seconds(fn, device: torch.device, repeats: int) -> float:
-    fn()  # warmup
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def measure_matmul_flops(device="cpu", dtype=torch.float32, n: int = 1024, repeats: int = 5) -> float:
-    """Achieved FLOP/s of an n x n x n matmul: this machine's practical compute roof."""
-    device = torch.device(device)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    return 2.0 * n**3 / _median_seconds(lambda: a @ b, device, repeats)
-
-
-def measure_bandwidth(device="cpu", megabytes: int = 256, repeats: int = 5) -> float:
-    """Achieved bytes/s of copying a large buffer (each byte read once and written once)."""
-    device = torch.device(device)
-    src = torch.empty(megabytes * 2**20, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    return 2.0 * src.numel() / _median_seconds(lambda: dst.copy_(src), device, repeats)
-
-
-def measure_roofline(device="cpu", dtype=torch.float32, n: int = 1024, megabytes: int = 256,
-                     repeats: int = 5, trials: int = 3) -> Roofline:  # fmt: skip
-    """This machine's practical roofline: a large matmul's FLOP/s and a large copy's bytes/s,
-    each the best of ``trials`` medians (a roof is what the machine *can* do, so a trial slowed
-    by another process should not lower it)."""
-    flops = max(measure_matmul_flops(device, dtype, n, repeats) for _ in range(trials))
-    bandwidth = max(measure_bandwidth(device, megabytes, repeats) for _ in range(trials))
-    return Roofline(flops, bandwidth)
-
-
-# ---------------------------------------------------------------------------------------------
-# Measured utilization of a model's prefill and decode (MFU, MBU)
-
-
-def measure_phases(model, roof: Roofline, batch: int, prompt_len: int, new_tokens: int = 16,
-                   repeats: int = 3) -> list[dict]:  # fmt: skip
-    """Time prefill (TTFT) and one decode step of ``batch`` prompts of ``prompt_len`` tokens,
-    medians over ``repeats`` greedy generations (of every step, for decode), and set them against the counted
-    FLOPs and bytes: achieved FLOP/s and bytes/s, MFU and MBU on ``roof``."""
-    from ..core.generate import generate
-
-    if batch < 1 or prompt_len < 1 or new_tokens < 2 or repeats < 1:
-        raise ValueError("batch, prompt_len and repeats must be >= 1 and new_tokens >= 2")
-    prompts = [[1 + (i * 7 + j) % (model.config.vocab_size - 1) for i in range(prompt_len)] for j in range(batch)]
-    generate(model, prompts, new_tokens, eos_token_id=None)  # warmup
-    runs = [generate(model, prompts, new_tokens, eos_token_id=None) for _ in range(repeats)]
-    bpe = model.dtype.itemsize
-    step = statistics.median(t for r in runs for t in r.token_times)  # pooled: robust to a stray slow step
-    phases = [("prefill", statistics.median(r.ttft for r in runs), prompt_len,
-               forward_cost(model.config, batch, prompt_len, prompt_len, bpe)),
-              ("decode", step, 1,
-               forward_cost(model.config, batch, 1, prompt_len + new_tokens // 2, bpe))]  # fmt: skip
-    rows = []
-    for phase, seconds, tokens, cost in phases:
-        flops_s, bytes_s = cost.flops / seconds, cost.bytes / seconds
-        rows.append({"phase": phase, "batch": batch, "seconds": seconds, "tokens_per_s": batch * tokens / seconds,
-                     "intensity": cost.intensity, "flops_per_s": flops_s, "bytes_per_s": bytes_s,
-                     "mfu": flops_s / roof.peak_flops, "mbu": bytes_s / roof.peak_bandwidth})  # fmt: skip
-    return rows
-
-
 # ---------------------------------------------------------------------------------------------
 # Choosing an accelerator
 
@@ -191,8 +121,6 @@ def accelerator_chooser(n_params: float, bytes_per_param: float, dollars_per_hou
     """For a model of ``n_params`` stored in ``bytes_per_param``: does it fit on one device, the
     batch-1 decode ceiling in tokens/s, and what 1M tokens would cost at that ceiling for the
     given (assumed) hourly prices. None where the weights do not fit or no price is given."""
-    from .metrics import cost_per_million_tokens
-
     weights_gb = n_params * bytes_per_param / 1e9
     rows = []
     for a in accelerators:
@@ -203,37 +131,3 @@ def accelerator_chooser(n_params: float, bytes_per_param: float, dollars_per_hou
         rows.append({"accelerator": a.name, "weights_gb": weights_gb, "fits": fits, "tokens_per_s": tps,
                      "dollars_per_hour": price, "dollars_per_1m_tokens": cost})  # fmt: skip
     return rows
-
-
-# ---------------------------------------------------------------------------------------------
-# Plotting (matplotlib is imported only when a figure is drawn)
-
-
-def plot_roofline(roof: Roofline, points: list[tuple[str, float, float | None]], title: str, ax=None,
-                  intensity_range: tuple[float, float] = (0.1, 1e4)):  # fmt: skip
-    """A log-log roofline: the roof, its ridge, and ``points`` as (label, intensity, achieved FLOP/s);
-    a point with achieved None is drawn on the roof (its ceiling)."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    if ax is None:
-        _, ax = plt.subplots()
-    x = np.logspace(np.log10(intensity_range[0]), np.log10(intensity_range[1]), 200)
-    ax.plot(x, np.minimum(roof.peak_flops, roof.peak_bandwidth * x), "k-", lw=2, label="roof: min(P, W x I)")
-    ax.axvline(roof.ridge, color="gray", ls=":", label=f"ridge: {roof.ridge:.3g} FLOP/byte")
-    for label, intensity, achieved in points:
-        y = roof.attainable(intensity) if achieved is None else achieved
-        ax.plot(intensity, y, "o", ms=7, label=label)
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="FLOP/s", title=title)
-    ax.legend(fontsize=8, loc="lower right")
-    return ax
-
-
-def format_phases(rows: list[dict], title: str) -> str:
-    """``measure_phases`` rows as a table in readable units."""
-    from ..bench.report import format_table
-
-    table = [{"phase": r["phase"], "batch": r["batch"], "ms": 1e3 * r["seconds"], "tokens/s": r["tokens_per_s"],
-              "FLOP/byte": r["intensity"], "GFLOP/s": r["flops_per_s"] / 1e9, "GB/s": r["bytes_per_s"] / 1e9,
-              "MFU %": 100 * r["mfu"], "MBU %": 100 * r["mbu"]} for r in rows]  # fmt: skip
-    return format_table(table, title=title)

@@ -4,15 +4,8 @@ import pytest
 import torch
 
 from minillm import preset
-from minillm.measure.roofline import (
-    DATASHEETS,
-    Roofline,
-    forward_cost,
-    layer_costs,
-    matmul_cost,
-    measure_bandwidth,
-    measure_matmul_flops,
-)
+from minillm.bench.roofline import measure_bandwidth, measure_matmul_flops
+from minillm.measure.roofline import DATASHEETS, Roofline, forward_cost, layer_costs, matmul_cost
 
 
 def test_matmul_cost_by_hand():
@@ -78,7 +71,7 @@ def test_accelerator_chooser_fits_ceilings_and_costs():
 
 
 def test_measure_phases_reports_consistent_utilization():
-    from minillm.measure.roofline import measure_phases
+    from minillm.bench.roofline import measure_phases
     from tests.conftest import tiny_model
 
     model = tiny_model()
@@ -98,7 +91,7 @@ def test_plot_roofline_draws_roof_ridge_and_points():
     import matplotlib
 
     matplotlib.use("Agg")
-    from minillm.measure.roofline import plot_roofline
+    from minillm.viz.roofline import plot_roofline
 
     roof = Roofline(peak_flops=100e12, peak_bandwidth=2e12)
     ax = plot_roofline(roof, [("decode", 1.0, None), ("prefill", 500.0, 50e12)], title="t")
@@ -108,7 +101,7 @@ def test_plot_roofline_draws_roof_ridge_and_points():
 
 
 def test_measured_roofline_is_positive():
-    from minillm.measure.roofline import measure_roofline
+    from minillm.bench.roofline import measure_roofline
 
     roof = measure_roofline(n=128, megabytes=8, repeats=1, trials=2)
     assert roof.peak_flops > 0 and roof.peak_bandwidth > 0 and roof.ridge > 0

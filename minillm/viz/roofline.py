@@ -1,0 +1,25 @@
+"""Chapter 3's picture: the roofline of a device, with operations placed by their intensity."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..measure.roofline import Roofline
+
+
+def plot_roofline(roof: Roofline, points: list[tuple[str, float, float | None]], title: str, ax=None,
+                  intensity_range: tuple[float, float] = (0.1, 1e4)):  # fmt: skip
+    """A log-log roofline: the roof, its ridge, and ``points`` as (label, intensity, achieved FLOP/s);
+    a point with achieved None is drawn on the roof (its ceiling)."""
+    if ax is None:
+        _, ax = plt.subplots()
+    x = np.logspace(np.log10(intensity_range[0]), np.log10(intensity_range[1]), 200)
+    ax.plot(x, np.minimum(roof.peak_flops, roof.peak_bandwidth * x), "k-", lw=2, label="roof: min(P, W x I)")
+    ax.axvline(roof.ridge, color="gray", ls=":", label=f"ridge: {roof.ridge:.3g} FLOP/byte")
+    for label, intensity, achieved in points:
+        y = roof.attainable(intensity) if achieved is None else achieved
+        ax.plot(intensity, y, "o", ms=7, label=label)
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="FLOP/s", title=title)
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
