@@ -10,8 +10,8 @@ V are each read from memory once and the output written once. FlashAttention-2 p
 over keys inside a program that owns a query tile (parallel over query tiles, batch and heads)
 and divides by ``l`` only once at the end; this kernel does the same.
 
-``attention_tiled`` is the same algorithm in plain PyTorch, one key tile at a time: the math the
-kernel implements, readable and checked against ``minillm.core.model.attention_reference``.
+``minillm.core.attention.attention_tiled`` is the same algorithm in plain PyTorch, one key tile at a
+time: the math this kernel implements, readable, and importable where Triton is not installed.
 
 Supported: q (B, H, T, hd), k and v (B, Hkv, S, hd) with H a multiple of Hkv (grouped-query
 attention: a query head reads K/V head ``h // (H // Hkv)``, nothing is repeated in memory),
@@ -38,35 +38,6 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the GPU's nati
 def interpreting() -> bool:
     """True when Triton runs its CPU interpreter (TRITON_INTERPRET=1), which the tests use."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def attention_tiled(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, block: int = 64) -> Tensor:
-    """Attention computed one key tile at a time with an online softmax, in plain PyTorch.
-
-    q (B, H, T, hd); k, v (B, Hkv, S, hd) -> (B, H, T, hd). Never holds more than (T, block) scores.
-    """
-    B, H, T, hd = q.shape
-    S, n_rep = k.shape[2], H // k.shape[1]
-    qf = q.float() / math.sqrt(hd)  # (B, H, T, hd)
-    m = torch.full((B, H, T, 1), float("-inf"), device=q.device)  # running max of each row's scores
-    l = torch.zeros(B, H, T, 1, device=q.device)  # running sum of exp(score - m)  # noqa: E741
-    acc = torch.zeros(B, H, T, hd, device=q.device)  # running sum of exp(score - m) * v
-    q_pos = torch.arange(T, device=q.device)[:, None] + (S - T)  # (T, 1): query i sits at S - T + i
-    for start in range(0, S, block):
-        kt = k[:, :, start : start + block].float().repeat_interleave(n_rep, dim=1)  # (B, H, n, hd)
-        vt = v[:, :, start : start + block].float().repeat_interleave(n_rep, dim=1)  # (B, H, n, hd)
-        s = qf @ kt.transpose(-2, -1)  # (B, H, T, n)
-        if causal:
-            k_pos = torch.arange(start, start + kt.shape[2], device=q.device)[None, :]  # (1, n)
-            s = s.masked_fill(k_pos > q_pos, float("-inf"))
-        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (B, H, T, 1)
-        m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # a row with nothing visible yet
-        p = torch.exp(s - m_safe)  # (B, H, T, n)
-        alpha = torch.exp(m - m_safe)  # rescales what was summed under the old maximum
-        l = l * alpha + p.sum(dim=-1, keepdim=True)  # noqa: E741
-        acc = acc * alpha + p @ vt
-        m = m_new
-    return (acc / l).to(q.dtype)
 
 
 @triton.jit

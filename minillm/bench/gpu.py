@@ -145,7 +145,7 @@ def _randn(*shape: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
 def _flash_error(B, H, Hkv, T, S, hd, causal, dtype, g) -> float:
     from kernels.flash_attention import flash_attention
 
-    from ..core.model import attention_reference
+    from ..core.attention import attention_reference
 
     q = _randn(B, H, T, hd, dtype=dtype, g=g)  # (B, H, T, hd)
     k, v = _randn(B, Hkv, S, hd, dtype=dtype, g=g), _randn(B, Hkv, S, hd, dtype=dtype, g=g)  # (B, Hkv, S, hd)
@@ -214,7 +214,7 @@ def _attention_row(hd: int, T: int, causal: bool, dtype: torch.dtype) -> dict:
 
     from kernels.flash_attention import flash_attention
 
-    from ..core.model import attention_reference
+    from ..core.attention import attention_reference
 
     B, H = max(1, 16384 // T), 2048 // hd
     q, k, v = (torch.randn(B, H, T, hd, device="cuda", dtype=dtype) for _ in range(3))  # (B, H, T, hd)

@@ -30,9 +30,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..core.attention import attention_mask, attention_reference
 from ..core.cache import CacheFullError
 from ..core.config import ModelConfig
-from ..core.model import attention_mask, attention_reference
 
 
 class PoolExhaustedError(CacheFullError):

@@ -14,6 +14,7 @@ import torch
 
 import minillm
 from minillm import generate
+from minillm.core.attention import attention_reference
 from minillm.core.cache import (
     CacheFullError,
     CrossLayerKVCache,
@@ -24,7 +25,7 @@ from minillm.core.cache import (
     dequantize_int8,
     quantize_int8,
 )
-from minillm.core.model import attention_reference, rope_cos_sin
+from minillm.core.model import rope_cos_sin
 from tests.conftest import tiny_model
 
 

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minillm.core.attention import attention_mask, attention_reference
 from minillm.core.cache import CacheFullError
-from minillm.core.model import attention_mask, attention_reference
 from minillm.kv.paged import (
     BlockAllocator,
     BlockManager,
