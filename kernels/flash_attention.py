@@ -41,9 +41,27 @@ def interpreting() -> bool:
 
 
 @triton.jit
-def _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale_log2, m_i, l_i, acc,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PRECISION: tl.constexpr):  # fmt: skip
+def _attend_tile(
+    q,
+    k_base,
+    v_base,
+    skt,
+    skd,
+    svt,
+    svd,
+    start_n,
+    q_pos,
+    S,
+    scale_log2,
+    m_i,
+    l_i,
+    acc,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Fold keys start_n .. start_n + BLOCK_N into the running (m, l, acc) of BLOCK_M query rows.
 
     MASKED tiles (the last, ragged one; those on the causal diagonal) check bounds and causality;
@@ -77,15 +95,37 @@ def _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale
 
 @triton.jit
 def _flash_fwd_kernel(
-    Q, K, V, Out,
-    sqb, sqh, sqt, sqd,
-    skb, skh, skt, skd,
-    svb, svh, svt, svd,
-    sob, soh, sot, sod,
-    n_heads, n_rep, T, S, scale_log2,
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    Out,
+    sqb,
+    sqh,
+    sqt,
+    sqd,
+    skb,
+    skh,
+    skt,
+    skd,
+    svb,
+    svh,
+    svt,
+    svd,
+    sob,
+    soh,
+    sot,
+    sod,
+    n_heads,
+    n_rep,
+    T,
+    S,
+    scale_log2,
+    CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     """One program: BLOCK_M query rows of one (batch, head), looping over all their key tiles."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = pid_bh // n_heads, pid_bh % n_heads
@@ -109,11 +149,49 @@ def _flash_fwd_kernel(
         n_full = (S // BLOCK_N) * BLOCK_N
         end = S
     for start_n in range(0, n_full, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale_log2,
-                                     m_i, l_i, acc, False, CAUSAL, HEAD_DIM, BLOCK_N, PRECISION)  # fmt: skip
+        m_i, l_i, acc = _attend_tile(
+            q,
+            k_base,
+            v_base,
+            skt,
+            skd,
+            svt,
+            svd,
+            start_n,
+            q_pos,
+            S,
+            scale_log2,
+            m_i,
+            l_i,
+            acc,
+            False,
+            CAUSAL,
+            HEAD_DIM,
+            BLOCK_N,
+            PRECISION,
+        )
     for start_n in range(n_full, end, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale_log2,
-                                     m_i, l_i, acc, True, CAUSAL, HEAD_DIM, BLOCK_N, PRECISION)  # fmt: skip
+        m_i, l_i, acc = _attend_tile(
+            q,
+            k_base,
+            v_base,
+            skt,
+            skd,
+            svt,
+            svd,
+            start_n,
+            q_pos,
+            S,
+            scale_log2,
+            m_i,
+            l_i,
+            acc,
+            True,
+            CAUSAL,
+            HEAD_DIM,
+            BLOCK_N,
+            PRECISION,
+        )
     out = acc / l_i[:, None]  # the one division, at the end (FlashAttention-2)
     o_ptrs = Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_m[:, None] < T)
@@ -122,8 +200,9 @@ def _flash_fwd_kernel(
 def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
     """Raise ValueError naming the first thing the kernel does not support."""
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"need q (B, H, T, hd) and k, v (B, Hkv, S, hd); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")  # fmt: skip
+        raise ValueError(
+            f"need q (B, H, T, hd) and k, v (B, Hkv, S, hd); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     B, H, T, hd = q.shape
     if k.shape[0] != B or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
@@ -157,8 +236,9 @@ def _tile_sizes(hd: int, dtype: torch.dtype, device: torch.device) -> tuple[int,
     return (64, 64, 4, 2) if smem >= 96 * 1024 else (64, 32, 4, 2)
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                    block_m: int | None = None, block_n: int | None = None) -> Tensor:  # fmt: skip
+def flash_attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, block_m: int | None = None, block_n: int | None = None
+) -> Tensor:
     """Fused attention: q (B, H, T, hd), k and v (B, Hkv, S, hd) -> (B, H, T, hd) in q's dtype."""
     check_attention_inputs(q, k, v)
     B, H, T, hd = q.shape
@@ -169,9 +249,25 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     out = torch.empty_like(q)
     grid = (triton.cdiv(T, bm), B * H)
     _flash_fwd_kernel[grid](
-        q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, H // k.shape[1], T, S, LOG2E / math.sqrt(hd),
-        CAUSAL=causal, HEAD_DIM=hd, BLOCK_M=bm, BLOCK_N=bn, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *out.stride(),
+        H,
+        H // k.shape[1],
+        T,
+        S,
+        LOG2E / math.sqrt(hd),
+        CAUSAL=causal,
+        HEAD_DIM=hd,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=warps,
+        num_stages=stages,
+    )
     return out

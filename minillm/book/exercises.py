@@ -91,8 +91,10 @@ def execute_notebook(nb: dict, cwd: Path, timeout: int = 600) -> dict:
 # ---------------------------------------------------------------------------------------------
 # One repository URL: _config.yml names it; the notebooks' Colab badges and install cells follow
 
-BADGE = re.compile(r"\[!\[Open in Colab\]\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)\]"
-                   r"\(https://colab\.research\.google\.com/github/[^)\s]*\)")  # fmt: skip
+BADGE = re.compile(
+    r"\[!\[Open in Colab\]\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)\]"
+    r"\(https://colab\.research\.google\.com/github/[^)\s]*\)"
+)
 INSTALL = re.compile(r"minillm @ git\+https://github\.com/[^\"'\s]*")
 
 
@@ -105,8 +107,10 @@ def repository(config: Path = Path("_config.yml")) -> tuple[str, str]:
 
 
 def colab_badge(repo: str, branch: str, path: str) -> str:
-    return (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-            f"(https://colab.research.google.com/github/{repo}/blob/{branch}/{path})")  # fmt: skip
+    return (
+        f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        f"(https://colab.research.google.com/github/{repo}/blob/{branch}/{path})"
+    )
 
 
 def sync_links(nb: dict, badge_path: str, repo: str, branch: str) -> dict:

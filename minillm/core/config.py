@@ -123,14 +123,23 @@ class ModelConfig:
         return total
 
 
-_LLAMA3_ROPE = RopeScaling("llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                           original_max_position_embeddings=8192)  # fmt: skip
+_LLAMA3_ROPE = RopeScaling(
+    "llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
 _LLAMA3 = dict(vocab_size=128256, rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001)
 _LLAMA2 = dict(vocab_size=32000, max_seq_len=4096, bos_token_id=1, eos_token_id=2)
-_SMOL = dict(vocab_size=49152, max_seq_len=8192, rope_theta=100000.0, tie_embeddings=True, bos_token_id=1,
-             eos_token_id=2)  # fmt: skip
-_QWEN25 = dict(vocab_size=151936, max_seq_len=32768, norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True,
-               tie_embeddings=True, eos_token_id=151643)  # fmt: skip
+_SMOL = dict(
+    vocab_size=49152, max_seq_len=8192, rope_theta=100000.0, tie_embeddings=True, bos_token_id=1, eos_token_id=2
+)
+_QWEN25 = dict(
+    vocab_size=151936,
+    max_seq_len=32768,
+    norm_eps=1e-6,
+    rope_theta=1000000.0,
+    qkv_bias=True,
+    tie_embeddings=True,
+    eos_token_id=151643,
+)
 
 # fmt: off
 PRESETS: dict[str, ModelConfig] = {cfg.name: cfg for cfg in [

@@ -29,8 +29,9 @@ class SamplingParams:
             not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1
         ):
             raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
-        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
-                                       or not 0 < self.top_p <= 1):  # fmt: skip
+        if self.top_p is not None and (
+            isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1
+        ):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
 
     @property

@@ -127,8 +127,13 @@ def train_model(
     return model, fit(model, tc, train_ids, valid_ids, progress)
 
 
-def fit(model: Transformer, tc: TrainConfig, train_ids: torch.Tensor, valid_ids: torch.Tensor | None = None,
-        progress: bool = True) -> dict:  # fmt: skip
+def fit(
+    model: Transformer,
+    tc: TrainConfig,
+    train_ids: torch.Tensor,
+    valid_ids: torch.Tensor | None = None,
+    progress: bool = True,
+) -> dict:
     """AdamW with warmup and cosine decay on random windows of ``train_ids``; the model is left in
     eval mode. Returns the log: train loss per step, validation loss every ``eval_every`` steps."""
     model.train()
@@ -201,8 +206,9 @@ def greedy_agreement(draft: Transformer, target: Transformer, ids: torch.Tensor,
     return agree / x.numel()
 
 
-def write_model_card(directory: Path, sample_prompt: str = "def read_config(path):",
-                     compare_with: str | None = None) -> str:  # fmt: skip
+def write_model_card(
+    directory: Path, sample_prompt: str = "def read_config(path):", compare_with: str | None = None
+) -> str:
     """README.md for a bundled model, every figure read from its training log or measured here.
 
     ``compare_with`` names another model (e.g. the target of a draft) whose greedy next-token

@@ -28,8 +28,11 @@ def check_online_softmax_update(fn: Callable) -> None:
         require(isinstance(out, tuple) and len(out) == 3, name, f"return (m, l, acc), got {type(out).__name__}")
         m, l, acc = out  # noqa: E741
         seen = scores[:, : start + block]
-        require(close(m, seen.amax(-1, keepdim=True)), name,
-                f"after the keys 0..{start + block - 1}, m must be the max of the scores seen so far")  # fmt: skip
+        require(
+            close(m, seen.amax(-1, keepdim=True)),
+            name,
+            f"after the keys 0..{start + block - 1}, m must be the max of the scores seen so far",
+        )
         want_l = torch.exp(seen - seen.amax(-1, keepdim=True)).sum(-1, keepdim=True)
         if not close(l, want_l):
             hint = f"after the keys 0..{start + block - 1}, l must be sum(exp(s - m)) over the scores seen so far"
@@ -38,9 +41,12 @@ def check_online_softmax_update(fn: Callable) -> None:
             require(False, name, hint)
     want = torch.softmax(scores, -1) @ v
     got = acc / l
-    require(close(got, want, atol=1e-8), name,
-            "acc / l differs from softmax(s) @ v: rescale the old acc by exp(m_old - m_new) too, "
-            "then add exp(s - m_new) @ v")  # fmt: skip
+    require(
+        close(got, want, atol=1e-8),
+        name,
+        "acc / l differs from softmax(s) @ v: rescale the old acc by exp(m_old - m_new) too, "
+        "then add exp(s - m_new) @ v",
+    )
     passed(name, f"{S // block} tiles of {block} keys folded one at a time give softmax(s) @ v exactly")
 
 
