@@ -7,7 +7,7 @@ contenders run interleaved, after one warmup run each, so that drift (thermal th
 background job) hits both alike; figures are medians over the repeats. Every result names the
 hardware, dtype and model it came from.
 
-    from .generation import bench_vs_transformers, format_vs_transformers
+    from minillm.bench.generation import bench_vs_transformers, format_vs_transformers
     print(format_vs_transformers(bench_vs_transformers("minillm-target")))
 """
 

@@ -18,6 +18,7 @@ import platform
 import sysconfig
 from functools import cache
 from pathlib import Path
+from pydoc_data.topics import topics
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "pystdlib"
 EOT = "<|endoftext|>"
@@ -40,8 +41,6 @@ EXCLUDE = {
 
 def stdlib_documents() -> list[tuple[str, str]]:
     """(name, text) for every document of the corpus, read from the running Python."""
-    from pydoc_data.topics import topics
-
     docs = [(f"pydoc:{name}", text.strip() + "\n") for name, text in sorted(topics.items())]
     lib = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(lib.glob("*.py")):

@@ -19,9 +19,10 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
 
-from ..core.checkpoints import BUNDLED_DIR, save_pretrained
+from ..core.checkpoints import BUNDLED_DIR, load, save_pretrained
 from ..core.config import ModelConfig
 from ..core.device import hardware_description
+from ..core.generate import generate
 from ..core.model import Transformer
 from ..core.tokenizer import Tokenizer
 from . import corpus
@@ -213,9 +214,6 @@ def write_model_card(
 
     ``compare_with`` names another model (e.g. the target of a draft) whose greedy next-token
     agreement with this one on the validation split is reported."""
-    from ..core.checkpoints import load
-    from ..core.generate import generate
-
     directory = Path(directory)
     log = json.loads((directory / "training_log.json").read_text())
     model, tok = load(directory, device="cpu")

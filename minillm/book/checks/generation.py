@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...core.generate import generate
 from .base import close as _close
 from .base import passed, require
 
@@ -57,8 +58,6 @@ def check_top_p(fn: Callable) -> None:
 
 def check_greedy_generate(fn: Callable, model, prompt: list[int], n: int = 12) -> None:
     """fn(model, prompt ids, n) -> the n greedy token ids, computed without a KV cache."""
-    from ...core.generate import generate
-
     name = "greedy generation loop"
     want = generate(model, prompt, n, eos_token_id=None).tokens[0].tolist()
     got = [int(t) for t in fn(model, list(prompt), n)]
