@@ -172,3 +172,9 @@ def preset(name: str, **overrides) -> ModelConfig:
     if name.lower() not in by_lower:
         raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
     return by_lower[name.lower()].replace(**overrides)
+
+
+def ceil_div(n: int, d: int) -> int:
+    """How many pieces of size ``d`` hold ``n`` items (the one spelling of ceiling division):
+    blocks for tokens, cache groups for layers, grid rows for panels."""
+    return -(-n // d)

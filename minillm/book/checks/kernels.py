@@ -3,11 +3,11 @@ tiles causal attention computes when it skips the blocks above the diagonal."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 
+from ...core.config import ceil_div
 from ...core.model import rms_norm_reference
 from .base import close, passed, require
 
@@ -79,7 +79,7 @@ def check_triton_rms_norm(fn: Callable) -> None:
 def causal_tile_pairs(T: int, block: int) -> int:
     """(query tile, key tile) pairs causal attention computes on T tokens when it skips the tiles
     above the diagonal: the n (n + 1) / 2 of n = ceil(T / block) query tiles' lower triangle."""
-    n = math.ceil(T / block)
+    n = ceil_div(T, block)
     return n * (n + 1) // 2
 
 
@@ -88,7 +88,7 @@ def check_causal_tiles(fn: Callable) -> None:
     name = "causal block skipping"
     for T, block in [(64, 16), (4096, 128), (1000, 64), (16, 16), (100, 128)]:
         want, got = causal_tile_pairs(T, block), fn(T, block)
-        n = math.ceil(T / block)
+        n = ceil_div(T, block)
         hint = f"T={T}, block={block}: expected {want} tile pairs, got {got!r}"
         if got == n * n:
             hint += ": that is every tile; the tiles whose keys all lie after the tile's last query are skipped"
