@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from minillm import PRESETS, ModelConfig, RopeScaling, Transformer, preset
+from minillm.core.config import ceil_div
 from tests.conftest import tiny_config
 
 
@@ -214,3 +215,8 @@ def test_preset_shapes_are_consistent():
         assert cfg.max_seq_len >= 2048, name
     assert preset("Llama-3-8B").n_rep == 4 and preset("Llama-2-7B").n_rep == 1
     assert preset("Llama-3.2-1B").rope_scaling.rope_type == "llama3"
+
+
+@pytest.mark.parametrize("n, d, expected", [(0, 16, 0), (1, 16, 1), (16, 16, 1), (17, 16, 2), (5, 1, 5)])
+def test_ceil_div(n, d, expected):
+    assert ceil_div(n, d) == expected
