@@ -2,6 +2,7 @@
 saved with its own tiny tokenizer, so that nothing here needs the bundled models."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,23 @@ def test_generate_rejects_a_prompt_past_the_context(checkpoint, capsys):
     status, out, err = run_main(argv, capsys)
     assert_one_line_error(status, err, "max_seq_len")
     assert out == ""
+
+
+@pytest.mark.parametrize(
+    "breakage, words",
+    [
+        (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:5]), ["truncated"]),
+        (lambda d: (d / "config.json").write_text("{not json"), ["not valid JSON", "line 1"]),
+        (lambda d: (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}'), ["lacks required"]),
+    ],
+    ids=["truncated-weights", "config-not-json", "config-missing-fields"],
+)
+def test_a_broken_checkpoint_is_one_line_not_a_traceback(checkpoint, tmp_path, capsys, breakage, words):
+    broken = Path(shutil.copytree(checkpoint, tmp_path / "broken"))
+    breakage(broken)
+    status, out, err = run_main(["generate", "--model", str(broken), "--prompt", "hi"], capsys)
+    assert_one_line_error(status, err, str(broken), *words)
+    assert "Traceback" not in err and out == ""
 
 
 def test_usage_errors_are_one_line_with_status_2(capsys):
