@@ -76,8 +76,7 @@ def bench_throughput(model: Transformer, requests: Sequence[Request], max_batch:
         for policy in list(runs) if i % 2 == 0 else list(runs)[::-1]:
             sched = SchedulerConfig(policy, max_batch)
             config = EngineConfig(num_blocks, block_size, prefix_caching=False, scheduler=sched)
-            fresh = [Request(list(r.prompt), r.max_tokens, r.arrival, id=r.id) for r in requests]
-            runs[policy].append(_policy_figures(*_run(model, fresh, config, progress)))
+            runs[policy].append(_policy_figures(*_run(model, copy_requests(requests), config, progress)))
     result = {"max_batch": max_batch, "num_blocks": num_blocks, "block_size": block_size, "repeats": repeats}
     for policy, figures in runs.items():
         ranked = sorted(figures, key=lambda f: f["output_tokens_per_s"])
