@@ -14,6 +14,7 @@ from ..core.checkpoints import config_from_hf, load, resolve
 from ..core.config import PRESETS
 from ..core.device import set_threads_from_env
 from . import generation as bench
+from .batching import BatchingBench, bench_batching, check_goals, format_batching
 
 
 def cmd_bench_generate(args: argparse.Namespace) -> int:
@@ -77,23 +78,28 @@ def cmd_bench_decoding(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_batching(args: argparse.Namespace) -> int:
-    from .batching import bench_batching, check_goals, format_batching
-
-    counts = (args.requests, args.max_batch, args.prefix_requests, args.system_len, args.prompt_median,
-              args.output_median, args.repeats)  # fmt: skip
-    if min(counts) < 1 or args.rate <= 0:
-        raise CliError("--requests, --max-batch, --prefix-requests, --system-len, --prompt-median, --output-median, "
-                       "--repeats and --rate must be positive")  # fmt: skip
+    with bad_input():
+        options = BatchingBench(
+            n_requests=args.requests,
+            rate=args.rate,
+            max_batch=args.max_batch,
+            prompt_median=args.prompt_median,
+            output_median=args.output_median,
+            prefix_requests=args.prefix_requests,
+            system_len=args.system_len,
+            repeats=args.repeats,
+            progress=not args.no_progress,
+        )
     device = parse_device(args.device) or default_device()
     with bad_input():
         model, _ = load(args.model, device=device)
-    print(f"static vs continuous batching, KV waste, prefix cache on {args.model} ({device})...",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"static vs continuous batching, KV waste, prefix cache on {args.model} ({device})...",
+        file=sys.stderr,
+        flush=True,
+    )
     with bad_input():
-        figures = bench_batching(model, args.requests, args.rate, args.max_batch, args.prompt_median,
-                                 args.output_median, prefix_requests=args.prefix_requests,
-                                 system_len=args.system_len, repeats=args.repeats,
-                                 progress=not args.no_progress)  # fmt: skip
+        figures = bench_batching(model, options)
     figures["goals"] = check_goals(figures)
     print(format_batching(figures))
     if args.json:

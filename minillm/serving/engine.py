@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ..core.config import ModelConfig
 from ..core.device import synchronize
@@ -40,7 +41,7 @@ from ..core.model import Transformer
 from ..core.sampling import sample
 from ..kv.paged import BlockManager, KVPool, PagedKVBatch
 from ..measure.metrics import RequestMetrics
-from .scheduler import Scheduler, SchedulerConfig, Sequence, Work
+from .scheduler import Scheduler, SchedulerConfig, SequenceState, Work
 from .workload import Request
 
 
@@ -127,8 +128,9 @@ class SimulatedModel:
     """
 
     def __init__(self, config: ModelConfig):
-        self.config = config.replace(dim=2, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=2, ffn_dim=1,
-                                     name=f"{config.name} (simulated)")  # fmt: skip
+        self.config = config.replace(
+            dim=2, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=2, ffn_dim=1, name=f"{config.name} (simulated)"
+        )
         self.device, self.dtype = torch.device("cpu"), torch.float32
 
     @classmethod
@@ -196,12 +198,16 @@ class Engine:
         """Raise RequestTooLargeError (or ValueError) for a request the engine could never serve."""
         n, context = len(request.prompt) + request.max_tokens, self.model.config.max_seq_len
         if n > context:
-            raise RequestTooLargeError(f"request {request.id}: prompt {len(request.prompt)} + max_tokens "
-                                       f"{request.max_tokens} exceeds the context length {context}")  # fmt: skip
+            raise RequestTooLargeError(
+                f"request {request.id}: prompt {len(request.prompt)} + max_tokens "
+                f"{request.max_tokens} exceeds the context length {context}"
+            )
         need = self.scheduler.blocks_needed(request)
         if need > self.config.num_blocks:
-            raise RequestTooLargeError(f"request {request.id} needs {need} blocks of {self.config.block_size} tokens "
-                                       f"({n} tokens) but the KV pool has only {self.config.num_blocks}")  # fmt: skip
+            raise RequestTooLargeError(
+                f"request {request.id} needs {need} blocks of {self.config.block_size} tokens "
+                f"({n} tokens) but the KV pool has only {self.config.num_blocks}"
+            )
         vocab = self.model.config.vocab_size
         if min(request.prompt) < 0 or max(request.prompt) >= vocab:
             raise ValueError(f"request {request.id}: token ids must be in [0, {vocab})")
@@ -222,7 +228,7 @@ class Engine:
         while self._pending and self._pending[0][0] <= self.now:
             request = heapq.heappop(self._pending)[2]
             self._generators[request.id] = request.params.generator(self.model.device)
-            self.scheduler.add(Sequence(request, request.id))
+            self.scheduler.add(SequenceState(request, request.id))
 
     # -- the step loop -------------------------------------------------------------------------
 
@@ -319,7 +325,7 @@ class Engine:
                 finished.append(self._output(seq))
         return finished
 
-    def _output(self, seq: Sequence) -> RequestOutput:
+    def _output(self, seq: SequenceState) -> RequestOutput:
         r = seq.request
         metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
         self.outputs[r.id] = RequestOutput(r, seq.outputs, metrics, seq.preemptions)
@@ -337,7 +343,7 @@ class Engine:
         """Serve ``requests`` (and any added before) to the end; outputs in the order given.
 
         Every request is checked before any runs, so a request that can never fit fails at once.
-        ``progress`` shows a bar (tqdm when installed, else a printed line).
+        ``progress`` shows a bar of requests done (tqdm, on stderr).
         """
         requests = list(requests)
         for r in requests:
@@ -352,39 +358,17 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Counters over the engine's life: steps, tokens fed, preemptions, evictions, copy-on-write copies,
         prompt tokens found in the prefix cache, padding rows fed for finished members of static batches."""
-        return {"steps": self.steps, "tokens_fed": self.tokens_fed, "preemptions": self.scheduler.preemptions,
-                "evictions": self.blocks.allocator.evictions, "cow_copies": self.blocks.cow_copies,
-                "prefix_hit_tokens": self.scheduler.prefix_hit_tokens, "padding_rows": self.padding_rows}  # fmt: skip
+        return {
+            "steps": self.steps,
+            "tokens_fed": self.tokens_fed,
+            "preemptions": self.scheduler.preemptions,
+            "evictions": self.blocks.allocator.evictions,
+            "cow_copies": self.blocks.cow_copies,
+            "prefix_hit_tokens": self.scheduler.prefix_hit_tokens,
+            "padding_rows": self.padding_rows,
+        }
 
 
-class _PrintedProgress:
-    """A fallback progress line when tqdm is not installed."""
-
-    def __init__(self, total: int):
-        self.total, self.done = total, 0
-
-    def update(self, n: int) -> None:
-        if n:
-            self.done += n
-            print(f"\r{self.done}/{self.total} requests done", end="", flush=True)
-
-    def close(self) -> None:
-        print()
-
-
-class _NoProgress:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def progress_bar(total: int, enabled: bool):
-    if not enabled:
-        return _NoProgress()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _PrintedProgress(total)
-    return tqdm(total=total, unit="req", desc="serving")
+def progress_bar(total: int, enabled: bool) -> tqdm:
+    """A bar of requests done (on stderr); a silent one unless ``enabled``."""
+    return tqdm(total=total, unit="req", desc="serving", disable=not enabled)

@@ -1,7 +1,7 @@
 """Workloads for a serving engine: requests, chat-like traces, and recorded traces replayed.
 
 A trace is a list of ``TraceEntry`` (arrival time, prompt length, output length). The synthetic
-one is chat-like: Poisson arrivals (``serving_trace.poisson_arrivals``) and lognormal lengths,
+one is chat-like: Poisson arrivals (``measure.arrivals.poisson_arrivals``) and lognormal lengths,
 many short prompts and answers with a long tail, as in public chat logs. A recorded trace
 is a JSON list of objects or a CSV with the columns ``arrival,prompt_len,output_len``.
 ``requests_from_trace`` turns a trace into ``Request`` objects with random prompt ids (the
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.sampling import SamplingParams
-from ..measure.trace import poisson_arrivals
+from ..measure.arrivals import poisson_arrivals
 
 TRACE_FIELDS = ("arrival", "prompt_len", "output_len")
 
@@ -62,9 +62,16 @@ def lognormal_lengths(n: int, median: float, sigma: float, low: int, high: int, 
     return np.clip(np.round(values), low, high).astype(int).tolist()
 
 
-def chat_trace(n: int, rate: float, prompt_median: float = 96, prompt_sigma: float = 0.8,
-               output_median: float = 64, output_sigma: float = 0.8, max_len: int = 1024,
-               seed: int = 0) -> list[TraceEntry]:  # fmt: skip
+def chat_trace(
+    n: int,
+    rate: float,
+    prompt_median: float = 96,
+    prompt_sigma: float = 0.8,
+    output_median: float = 64,
+    output_sigma: float = 0.8,
+    max_len: int = 1024,
+    seed: int = 0,
+) -> list[TraceEntry]:
     """A chat-like trace: Poisson arrivals at ``rate`` requests/s, lognormal prompt and output
     lengths; every prompt + output fits in ``max_len`` tokens (prompts take at most half)."""
     if max_len < 2:
@@ -118,10 +125,13 @@ def random_prompt(length: int, vocab_size: int, rng: np.random.Generator) -> lis
     return rng.integers(0, vocab_size, size=length).tolist()
 
 
-def requests_from_trace(entries: Sequence[TraceEntry], vocab_size: int, seed: int = 0,
-                        shared_prefix: Sequence[int] = ()) -> list[Request]:  # fmt: skip
+def requests_from_trace(
+    entries: Sequence[TraceEntry], vocab_size: int, seed: int = 0, shared_prefix: Sequence[int] = ()
+) -> list[Request]:
     """Greedy requests with random prompt ids of the trace's lengths; ``shared_prefix`` (e.g. a
     system prompt) is put before every prompt."""
     rng = np.random.default_rng(seed)
-    return [Request([*shared_prefix, *random_prompt(e.prompt_len, vocab_size, rng)], e.output_len, e.arrival, id=i)
-            for i, e in enumerate(entries)]  # fmt: skip
+    return [
+        Request([*shared_prefix, *random_prompt(e.prompt_len, vocab_size, rng)], e.output_len, e.arrival, id=i)
+        for i, e in enumerate(entries)
+    ]
