@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from ..core.config import ModelConfig
 from ..core.device import synchronize
 from ..core.model import Transformer
+from ..core.prompts import check_vocabulary
 from ..core.sampling import sample
 from ..kv.paged import BlockManager, KVPool, PagedKVBatch
 from ..measure.metrics import RequestMetrics
@@ -157,6 +158,8 @@ class RequestOutput:
     tokens: list[int]  # the generated ids
     metrics: RequestMetrics  # arrival and each token's time, on the engine's clock
     preemptions: int
+    finish_reason: str = "length"  # "length" (max_tokens reached), "stop" (a stop id), "error"
+    error: str | None = None  # what went wrong while serving this request (finish_reason "error")
 
 
 def batch_inputs(work: list[Work], device, padding_rows: int = 0) -> tuple[Tensor, Tensor]:
@@ -195,7 +198,9 @@ class Engine:
     # -- requests in ---------------------------------------------------------------------------
 
     def check(self, request: Request) -> None:
-        """Raise RequestTooLargeError (or ValueError) for a request the engine could never serve."""
+        """Raise RequestTooLargeError (or ValueError) for a request the engine could never serve.
+        Its fields are validated again: they may have been changed since it was made."""
+        request.validate()
         n, context = len(request.prompt) + request.max_tokens, self.model.config.max_seq_len
         if n > context:
             raise RequestTooLargeError(
@@ -208,9 +213,10 @@ class Engine:
                 f"request {request.id} needs {need} blocks of {self.config.block_size} tokens "
                 f"({n} tokens) but the KV pool has only {self.config.num_blocks}"
             )
-        vocab = self.model.config.vocab_size
-        if min(request.prompt) < 0 or max(request.prompt) >= vocab:
-            raise ValueError(f"request {request.id}: token ids must be in [0, {vocab})")
+        try:
+            check_vocabulary([request.prompt], self.model.config.vocab_size)
+        except ValueError as e:
+            raise ValueError(f"request {request.id}: {e}") from None
 
     def add_request(self, request: Request) -> int:
         """Queue a request (it joins when the clock reaches its arrival); returns its id."""
@@ -227,8 +233,21 @@ class Engine:
     def _admit_arrivals(self) -> None:
         while self._pending and self._pending[0][0] <= self.now:
             request = heapq.heappop(self._pending)[2]
-            self._generators[request.id] = request.params.generator(self.model.device)
-            self.scheduler.add(SequenceState(request, request.id))
+            seq = SequenceState(request, request.id)
+            try:
+                self._generators[request.id] = request.params.generator(self.model.device)
+            except Exception as e:  # confined to this request: it ends with an error, the rest go on
+                self._fail(seq, e, scheduled=False)
+                continue
+            self.scheduler.add(seq)
+
+    def _fail(self, seq: SequenceState, error: Exception, scheduled: bool = True) -> RequestOutput:
+        """End one request with an error (its blocks freed at once); the engine serves the others."""
+        if scheduled:
+            self.scheduler.abort(seq)
+        out = self._output(seq, finish_reason="error")
+        out.error = f"{type(error).__name__}: {error}"
+        return out
 
     # -- the step loop -------------------------------------------------------------------------
 
@@ -246,7 +265,10 @@ class Engine:
             return []
         synchronize(self.model.device)
         t0 = time.perf_counter()
-        tokens, (decode_rows, padding, prefill_tokens, forwards) = self._forward_and_sample(work)
+        try:
+            tokens, (decode_rows, padding, prefill_tokens, forwards) = self._forward_and_sample(work)
+        except Exception as e:  # the batched forward itself failed: end these requests, keep the engine
+            return [self._fail(w.seq, e) for w in work]
         synchronize(self.model.device)
         n_fed = sum(w.n for w in work)
         cost = self.config.step_cost
@@ -304,16 +326,22 @@ class Engine:
         if isinstance(self.model, SimulatedModel):
             return [0 if d else None for d in done], fed
         logits = self._forward_split(work)  # (B, V)
-        out: list[int | None] = []
+        out: list[int | Exception | None] = []
         for i, (w, d) in enumerate(zip(work, done)):
             r = w.seq.request
-            out.append(int(sample(logits[i : i + 1], r.params, self._generators[r.id])) if d else None)
+            try:
+                out.append(int(sample(logits[i : i + 1], r.params, self._generators[r.id])) if d else None)
+            except Exception as e:  # confined to this row's request (see _advance)
+                out.append(e)
         return out, fed
 
-    def _advance(self, work: list[Work], tokens: list[int | None]) -> list[RequestOutput]:
+    def _advance(self, work: list[Work], tokens: list[int | Exception | None]) -> list[RequestOutput]:
         finished = []
         for w, token in zip(work, tokens):
             seq = w.seq
+            if isinstance(token, Exception):
+                finished.append(self._fail(seq, token))
+                continue
             seq.num_computed += w.n
             self.blocks.commit(seq.id, seq.tokens, seq.num_computed)
             if token is None:
@@ -325,10 +353,12 @@ class Engine:
                 finished.append(self._output(seq))
         return finished
 
-    def _output(self, seq: SequenceState) -> RequestOutput:
+    def _output(self, seq: SequenceState, finish_reason: str | None = None) -> RequestOutput:
         r = seq.request
         metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
-        self.outputs[r.id] = RequestOutput(r, seq.outputs, metrics, seq.preemptions)
+        out = seq.outputs
+        reason = finish_reason or ("stop" if out and out[-1] in r.stop_ids else "length")
+        self.outputs[r.id] = RequestOutput(r, out, metrics, seq.preemptions, reason)
         return self.outputs[r.id]
 
     def _wait(self) -> None:

@@ -108,6 +108,14 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq.id)
 
+    def abort(self, seq: SequenceState) -> None:
+        """Drop a sequence wherever it is (running or waiting) and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq.id)
+
     @property
     def padding_rows(self) -> int:
         """Static/dynamic: rows of finished sequences the current batch still carries."""

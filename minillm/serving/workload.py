@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.prompts import token_rows
 from ..core.sampling import SamplingParams
 from ..measure.arrivals import poisson_arrivals
 
@@ -41,12 +42,41 @@ class Request:
     id: int | None = None  # the engine numbers requests that come without one
 
     def __post_init__(self) -> None:
-        if not self.prompt:
-            raise ValueError("a request needs a prompt of at least one token")
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field (the engine calls this again when the request is added, since fields
+        can be changed after construction); prompt and stop ids are normalized to ints."""
+        rows = token_rows(self.prompt)
+        if len(rows) != 1:
+            raise ValueError(f"a request has one prompt, got {len(rows)} rows of token ids")
+        self.prompt = rows[0]
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not math.isfinite(self.arrival) or self.arrival < 0:
+        if (
+            isinstance(self.arrival, bool)
+            or not isinstance(self.arrival, (int, float))
+            or not math.isfinite(self.arrival)
+        ):
+            raise ValueError(f"arrival must be a finite time in seconds, got {self.arrival!r}")
+        if self.arrival < 0:
             raise ValueError(f"arrival must be a finite time >= 0, got {self.arrival!r}")
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(self.params).__name__} {self.params!r}")
+        self.stop_ids = stop_id_tuple(self.stop_ids)
+        if self.id is not None and (isinstance(self.id, bool) or not isinstance(self.id, int) or self.id < 0):
+            raise ValueError(f"id must be a non-negative integer or None, got {self.id!r}")
+
+
+def stop_id_tuple(stop_ids: object) -> tuple[int, ...]:
+    """Stop ids as a tuple of ints: a collection of ints (a single int is refused, so that a typo
+    like ``stop_ids=7`` is caught instead of failing later inside the engine)."""
+    if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, (Sequence, set, frozenset)):
+        raise ValueError(f"stop_ids must be a collection of token ids such as (7,), got {stop_ids!r}")
+    bad = [x for x in stop_ids if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0]
+    if bad:
+        raise ValueError(f"stop_ids must hold non-negative token ids, got {bad[0]!r} in {stop_ids!r}")
+    return tuple(int(x) for x in stop_ids)
 
 
 @dataclass(frozen=True)
