@@ -6,20 +6,14 @@ result = minillm.generate(model, ids, max_new_tokens=64)
 print(tokenizer.decode(result.tokens[0]))
 """
 
-from .core.cache import (
-    CacheFullError,
-    CrossLayerKVCache,
-    KVCache,
-    QuantizedKVCache,
-    SelectiveKVCache,
-    SlidingWindowCache,
-)
+from .core.cache import CacheFullError, KVCache
 from .core.checkpoints import CheckpointError, bundled_models, load, save_pretrained
 from .core.config import PRESETS, ModelConfig, RopeScaling, preset
 from .core.generate import GenerationResult, generate
 from .core.model import Transformer, random_model
 from .core.sampling import SamplingParams, sample
 from .core.tokenizer import Tokenizer
+from .kv.compressed import CrossLayerKVCache, QuantizedKVCache, SelectiveKVCache, SlidingWindowCache
 
 __version__ = "0.1.0"
 

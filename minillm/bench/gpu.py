@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import signal
-import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -29,6 +27,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..core.device import hardware_description
+from ..core.model import attention_reference, random_model, rms_norm_reference
+from ..kv.paged import paged_attention_decode
+from ..kv.static import StaticDecodeCache
+from ..measure.roofline import DATASHEETS
+from .report import gpu_slug, result_path
+from .roofline import measure_bandwidth
+from .timing import repeat, timed
 
 GOALS = {
     "attention_vs_sdpa": "fused attention >= SDPA (flash) TFLOP/s at hd 128, seq 4k, causal, bf16",
@@ -40,19 +48,6 @@ SECTION_LIMITS_S = {"correctness": 75, "attention_speed": 130, "paged_bandwidth"
 
 class SectionTimeout(Exception):
     """A section ran past its time limit."""
-
-
-def gpu_slug(name: str) -> str:
-    """A results folder name from a GPU name: 'NVIDIA H200' -> 'h200', 'Tesla T4' -> 't4'."""
-    slug = re.sub(r"^(nvidia|tesla)\s+", "", name.strip().lower())
-    slug = re.sub(r"^(nvidia|tesla)\s+", "", slug)
-    slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-")
-    return slug or "gpu"
-
-
-def results_path(gpu_name: str, root: str | Path = "results") -> Path:
-    """results/<gpu slug>/gpu_check.json."""
-    return Path(root) / gpu_slug(gpu_name) / "gpu_check.json"
 
 
 def attention_flops(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int, causal: bool) -> float:
@@ -70,8 +65,6 @@ def attention_flops(batch: int, heads: int, q_len: int, kv_len: int, head_dim: i
 
 def datasheet_bandwidth(gpu_name: str) -> float | None:
     """Peak memory bandwidth (bytes/s) from minillm.measure.roofline.DATASHEETS when the GPU is listed."""
-    from ..measure.roofline import DATASHEETS
-
     key = gpu_slug(gpu_name)
     for acc in DATASHEETS:
         if acc.name.lower().split("-")[0] in key:
@@ -96,23 +89,10 @@ def time_limit(seconds: int):
 
 
 def cuda_time(fn: Callable[[], object], target_s: float = 0.3, max_reps: int = 50) -> float:
-    """Median seconds of fn on the GPU, timed with CUDA events; fewer repeats for slow calls."""
-    fn()  # warm-up (and compilation)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    once = time.perf_counter() - t0
+    """Median seconds of fn on the GPU (the timing harness, device synced); fewer repeats for slow calls."""
+    once = repeat(fn, 1, "cuda", warmup=1).median  # the warm-up call compiles
     reps = int(min(max_reps, max(3, target_s / max(once, 1e-6))))
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    return repeat(fn, reps, "cuda", warmup=0).median
 
 
 def _max_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -145,8 +125,6 @@ def _randn(*shape: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
 def _flash_error(B, H, Hkv, T, S, hd, causal, dtype, g) -> float:
     from kernels.flash_attention import flash_attention
 
-    from ..core.model import attention_reference
-
     q = _randn(B, H, T, hd, dtype=dtype, g=g)  # (B, H, T, hd)
     k, v = _randn(B, Hkv, S, hd, dtype=dtype, g=g), _randn(B, Hkv, S, hd, dtype=dtype, g=g)  # (B, Hkv, S, hd)
     ref = attention_reference(q.float(), k.float(), v.float(), None, causal)
@@ -155,8 +133,6 @@ def _flash_error(B, H, Hkv, T, S, hd, causal, dtype, g) -> float:
 
 def _paged_error(H, Hkv, hd, bs, lens, dtype, g) -> float:
     from kernels.paged_attention import paged_attention_decode_triton
-
-    from ..kv.paged import paged_attention_decode
 
     B, width = len(lens), -(-max(lens) // bs)
     num_blocks = B * width + 5
@@ -171,17 +147,22 @@ def _paged_error(H, Hkv, hd, bs, lens, dtype, g) -> float:
 def _rms_norm_error(dtype, g) -> float:
     from kernels.rmsnorm import rms_norm
 
-    from ..core.model import rms_norm_reference
-
     x, res = _randn(64, 4096, dtype=dtype, g=g), _randn(64, 4096, dtype=dtype, g=g)  # (rows, D)
     w = 1 + 0.1 * _randn(4096, dtype=dtype, g=g)  # near 1, as trained norms are: outputs stay O(1)
     y, new_res = rms_norm(x, w, 1e-5, residual=res)
-    return max(_max_err(y, rms_norm_reference(x + res, w, 1e-5)), _max_err(new_res, x + res),
-               _max_err(rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5)))  # fmt: skip
+    return max(
+        _max_err(y, rms_norm_reference(x + res, w, 1e-5)),
+        _max_err(new_res, x + res),
+        _max_err(rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5)),
+    )
 
 
-FLASH_CASES = [(2, 8, 8, 300, 300, 64, True), (1, 32, 8, 129, 1000, 128, True), (2, 8, 1, 77, 77, 128, False),
-               (1, 16, 4, 1, 513, 64, False)]  # (B, H, Hkv, T, S, hd, causal)  # fmt: skip
+FLASH_CASES = [
+    (2, 8, 8, 300, 300, 64, True),
+    (1, 32, 8, 129, 1000, 128, True),
+    (2, 8, 1, 77, 77, 128, False),
+    (1, 16, 4, 1, 513, 64, False),
+]  # (B, H, Hkv, T, S, hd, causal)
 PAGED_CASES = [(32, 8, 128, 16, [1, 700, 4097]), (8, 8, 64, 32, [65, 3])]  # (H, Hkv, hd, block_size, lens)
 
 
@@ -210,11 +191,7 @@ def _naive_fits(B: int, H: int, T: int) -> bool:
 
 def _attention_row(hd: int, T: int, causal: bool, dtype: torch.dtype) -> dict:
     """One (head dim, sequence, causal) case: MHA, 2048 / hd heads, about 16k tokens in the batch."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     from kernels.flash_attention import flash_attention
-
-    from ..core.model import attention_reference
 
     B, H = max(1, 16384 // T), 2048 // hd
     q, k, v = (torch.randn(B, H, T, hd, device="cuda", dtype=dtype) for _ in range(3))  # (B, H, T, hd)
@@ -244,8 +221,12 @@ def attention_speed(deadline: float, out: dict) -> None:
                 if time.monotonic() > deadline:
                     rows.append({"hd": hd, "seq": T, "causal": causal, "skipped": "time budget"})
                     continue
-                rows.append(_guarded(lambda h=hd, t=T, c=causal: _attention_row(h, t, c, dtype),
-                                     {"hd": hd, "seq": T, "causal": causal}))  # fmt: skip
+                rows.append(
+                    _guarded(
+                        lambda h=hd, t=T, c=causal: _attention_row(h, t, c, dtype),
+                        {"hd": hd, "seq": T, "causal": causal},
+                    )
+                )
                 torch.cuda.empty_cache()
     goal_row = next((r for r in rows if r.get("hd") == 128 and r.get("seq") == 4096 and r.get("causal")), {})
     met = _ratio(goal_row.get("triton_tflops"), goal_row.get("sdpa_flash_tflops"))
@@ -281,8 +262,6 @@ def _paged_row(B: int, ctx: int, H: int, Hkv: int, hd: int, bs: int, dtype: torc
     """B sequences of ctx tokens each, their blocks shuffled over the pool."""
     from kernels.paged_attention import paged_attention_decode_triton
 
-    from ..kv.paged import paged_attention_decode
-
     width = ctx // bs
     k_pool, v_pool = (torch.randn(B * width, bs, Hkv, hd, device="cuda", dtype=dtype) for _ in range(2))
     tables = torch.randperm(B * width, device="cuda").view(B, width)  # (B, M)
@@ -299,8 +278,6 @@ def _paged_row(B: int, ctx: int, H: int, Hkv: int, hd: int, bs: int, dtype: torc
 
 def paged_bandwidth(deadline: float, out: dict) -> None:
     """GB/s of the paged decode kernel (Llama-3-8B attention shape, blocks scattered) vs a plain copy."""
-    from .roofline import measure_bandwidth
-
     copy_bw = max(measure_bandwidth("cuda", megabytes=1024) for _ in range(3))
     out["copy_GB_s"] = copy_bw / 1e9
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
@@ -310,56 +287,30 @@ def paged_bandwidth(deadline: float, out: dict) -> None:
         if time.monotonic() > deadline:
             rows.append({"batch": B, "context": ctx, "skipped": "time budget"})
             continue
-        rows.append(_guarded(lambda b=B, c=ctx: _paged_row(b, c, **shape, dtype=dtype, copy_bw=copy_bw),
-                             {"batch": B, "context": ctx}))  # fmt: skip
+        rows.append(
+            _guarded(
+                lambda b=B, c=ctx: _paged_row(b, c, **shape, dtype=dtype, copy_bw=copy_bw), {"batch": B, "context": ctx}
+            )
+        )
         torch.cuda.empty_cache()
     best = max((r["pct_of_copy"] for r in rows if "pct_of_copy" in r), default=None)
     out["goal"] = {"text": GOALS["paged_bandwidth"], "best_pct": best, "met": best is not None and best >= 0.7}
 
 
-class StaticDecodeCache:
-    """A fixed-shape KV cache for CUDA graphs: every step reads the whole (max_len) buffer, masked.
-
-    ``minillm.core.cache.KVCache`` returns a growing slice (a new shape each step, a recompile each
-    step under torch.compile); this one writes the new token with ``index_copy_`` at its position
-    and always returns the full buffers (B, Hkv, max_len, hd), with positions -1 where empty.
-    """
-
-    in_order = False  # the model builds the mask from positions
-    window = None
-    wants_attention = False
-    length = 0  # positions are always explicit; a constant keeps torch.compile from recompiling
-
-    def __init__(self, config, batch: int, max_len: int, dtype: torch.dtype, device="cuda"):
-        shape = (config.n_layers, batch, config.n_kv_heads, max_len, config.head_dim)
-        self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-        self.positions = torch.full((batch, max_len), -1, dtype=torch.long, device=device)
-        for t in (self.k, self.v, self.positions):
-            torch._dynamo.mark_static_address(t)  # mutated in place inside the CUDA graph
-
-    def reserve(self, positions: torch.Tensor) -> torch.Tensor:
-        self.slots = positions[0]  # (T,), the same positions in every row
-        self.positions.index_copy_(1, self.slots, positions)
-        return self.positions  # (B, max_len)
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k[layer].index_copy_(2, self.slots, k)
-        self.v[layer].index_copy_(2, self.slots, v)
-        return self.k[layer], self.v[layer]
-
-
 def _decode_tokens_per_s(step: Callable, steps: int, compiled: bool) -> float:
     token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
-    for i in range(3):  # warm-up; compilation and graph capture happen here
-        _mark_step(compiled)
-        token = step(token, torch.full((1, 1), i, device="cuda")).clone()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(3, 3 + steps):
-        _mark_step(compiled)
-        token = step(token, torch.full((1, 1), i, device="cuda")).clone()
-    torch.cuda.synchronize()
-    return steps / (time.perf_counter() - t0)
+    position = 0
+
+    def run(n: int) -> None:
+        nonlocal token, position
+        for _ in range(n):
+            _mark_step(compiled)
+            token = step(token, torch.full((1, 1), position, device="cuda")).clone()
+            position += 1
+
+    run(3)  # warm-up; compilation and graph capture happen here
+    seconds, _ = timed(lambda: run(steps), "cuda")
+    return steps / seconds
 
 
 def _mark_step(compiled: bool) -> None:
@@ -369,10 +320,6 @@ def _mark_step(compiled: bool) -> None:
 
 def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
     """Batch-1 greedy decode of a random Llama-3-8B-shaped model: eager vs torch.compile + CUDA graphs."""
-    from minillm import random_model
-
-    from .roofline import measure_bandwidth
-
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     free, _ = torch.cuda.mem_get_info()
     if free < 20e9:
@@ -391,10 +338,21 @@ def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
     def step(token, pos):  # (1, 1), (1, 1) -> next token (1, 1)
         return model(token, pos, cache)[:, -1].argmax(-1, keepdim=True)
 
-    out.update(model="Llama-3-8B (random weights)", dtype=str(dtype)[6:], batch=1, cache_slots=max_len,
-               bytes_per_step=step_bytes, datasheet_GB_s=peak and peak / 1e9, copy_GB_s=copy_bw / 1e9)  # fmt: skip
-    out["goal"] = {"text": GOALS["compiled_decode_mbu"], "mbu": None, "met": False,
-                   "mbu_against": "datasheet" if peak else "measured copy bandwidth"}  # fmt: skip
+    out.update(
+        model="Llama-3-8B (random weights)",
+        dtype=str(dtype)[6:],
+        batch=1,
+        cache_slots=max_len,
+        bytes_per_step=step_bytes,
+        datasheet_GB_s=peak and peak / 1e9,
+        copy_GB_s=copy_bw / 1e9,
+    )
+    out["goal"] = {
+        "text": GOALS["compiled_decode_mbu"],
+        "mbu": None,
+        "met": False,
+        "mbu_against": "datasheet" if peak else "measured copy bandwidth",
+    }
     for name, fn, compiled in [("eager", step, False), ("compiled", None, True)]:
         if time.monotonic() > deadline:
             out[name] = {"skipped": "time budget"}
@@ -403,8 +361,12 @@ def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
             fn = fn or torch.compile(step, mode="reduce-overhead")
             tps = _decode_tokens_per_s(fn, steps, compiled)
             bw = tps * step_bytes
-            out[name] = {"tokens_per_s": tps, "GB_s": bw / 1e9, "mbu": bw / (peak or copy_bw),
-                         "mbu_vs_copy": bw / copy_bw}  # fmt: skip
+            out[name] = {
+                "tokens_per_s": tps,
+                "GB_s": bw / 1e9,
+                "mbu": bw / (peak or copy_bw),
+                "mbu_vs_copy": bw / copy_bw,
+            }
         except Exception as exc:  # a time-limit stop included: the eager figures are kept
             out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
             if isinstance(exc, SectionTimeout):
@@ -454,13 +416,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import triton
 
-    from ..core.device import hardware_description
-
     gpu_name = torch.cuda.get_device_name()
-    out_path = results_path(gpu_name, args.results)
-    report = {"hardware": hardware_description("cuda"), "gpu": gpu_name, "torch": torch.__version__,
-              "triton": triton.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "goals": GOALS, "sections": {}}  # fmt: skip
+    out_path = result_path("gpu_check", gpu_slug(gpu_name), args.results)
+    report = {
+        "hardware": hardware_description("cuda"),
+        "gpu": gpu_name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "goals": GOALS,
+        "sections": {},
+    }
     sections = {
         "correctness": check_correctness,
         "attention_speed": attention_speed,

@@ -14,17 +14,16 @@ import torch
 
 import minillm
 from minillm import generate
-from minillm.core.cache import (
-    CacheFullError,
+from minillm.core.cache import CacheFullError, KVCache
+from minillm.core.model import attention_reference, rope_cos_sin
+from minillm.kv.compressed import (
     CrossLayerKVCache,
-    KVCache,
     QuantizedKVCache,
     SelectiveKVCache,
     SlidingWindowCache,
     dequantize_int8,
     quantize_int8,
 )
-from minillm.core.model import attention_reference, rope_cos_sin
 from tests.conftest import tiny_model
 
 

@@ -260,7 +260,7 @@ def test_plot_block_tables_draws_shared_blocks(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from minillm.kv.paged import plot_block_tables
+    from minillm.viz.paging import plot_block_tables
 
     bm = BlockManager(12, 4)
     system = random_tokens(8, 0)

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from ...core.cache import dequantize_int8, quantize_int8
 from ...core.config import preset
+from ...kv.compressed import dequantize_int8, quantize_int8
 from ...kv.memory import kv_cache_bytes, users_that_fit, weight_bytes
 from .base import close, passed, require
 
