@@ -154,9 +154,8 @@ def kv_benchmark(config: ModelConfig, options: KVBench, chosen: Sequence[Techniq
     need = max(o.contexts) + o.new_tokens * (o.repeats + 1) + 1
     config = config.replace(max_seq_len=max(config.max_seq_len, need))
     models: dict[int, Transformer] = {}
-    for tech in chosen:
-        heads = tech.kv_heads(config)
-        models.setdefault(heads, random_model(config.replace(n_kv_heads=heads), o.device, o.dtype))
+    for heads in {tech.kv_heads(config) for tech in chosen}:
+        models[heads] = random_model(config.replace(n_kv_heads=heads), o.device, o.dtype)
     by_tech = {tech.name: (tech, models[tech.kv_heads(config)]) for tech in chosen}
     return [row for ctx in o.contexts for row in _rows_at(ctx, by_tech, o)]
 
