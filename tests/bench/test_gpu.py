@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from minillm.bench import gpu as gpu_check
+from minillm.bench.gpu_kernels import attention_flops
 from minillm.bench.report import gpu_slug, result_path
 from minillm.core.cache import KVCache
 from minillm.kv.static import StaticDecodeCache
@@ -64,20 +65,20 @@ def test_datasheet_bandwidth():
 
 def test_attention_flops_non_causal():
     # 2 matmuls of 2 * T * S * hd FLOPs each, per (batch, head)
-    assert gpu_check.attention_flops(2, 3, 5, 7, 64, causal=False) == 2 * 3 * 4 * 5 * 7 * 64
+    assert attention_flops(2, 3, 5, 7, 64, causal=False) == 2 * 3 * 4 * 5 * 7 * 64
 
 
 def test_attention_flops_causal_counts_the_visible_pairs():
     T, S, hd = 6, 10, 8
     visible = torch.ones(T, S, dtype=torch.bool).tril(S - T).sum().item()  # query i sees keys <= S - T + i
-    assert gpu_check.attention_flops(1, 1, T, S, hd, causal=True) == 4 * hd * visible
-    square = gpu_check.attention_flops(1, 1, 1024, 1024, 64, causal=True)
-    assert square / gpu_check.attention_flops(1, 1, 1024, 1024, 64, causal=False) == pytest.approx(0.5, abs=1e-3)
+    assert attention_flops(1, 1, T, S, hd, causal=True) == 4 * hd * visible
+    square = attention_flops(1, 1, 1024, 1024, 64, causal=True)
+    assert square / attention_flops(1, 1, 1024, 1024, 64, causal=False) == pytest.approx(0.5, abs=1e-3)
 
 
 def test_attention_flops_rejects_more_queries_than_keys():
     with pytest.raises(ValueError, match="q_len <= kv_len"):
-        gpu_check.attention_flops(1, 1, 8, 4, 64, causal=True)
+        attention_flops(1, 1, 8, 4, 64, causal=True)
 
 
 def test_static_decode_cache_gives_the_same_logits_as_the_kv_cache():
