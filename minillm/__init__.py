@@ -28,20 +28,14 @@ package) holds the Triton kernels and is a leaf: it imports torch and triton, ne
 lines.
 """
 
-from .core.cache import (
-    CacheFullError,
-    CrossLayerKVCache,
-    KVCache,
-    QuantizedKVCache,
-    SelectiveKVCache,
-    SlidingWindowCache,
-)
+from .core.cache import CacheFullError, KVCache
 from .core.checkpoints import CheckpointError, bundled_models, load, save_pretrained
 from .core.config import PRESETS, ModelConfig, RopeScaling, preset
 from .core.generate import GenerationResult, generate
 from .core.model import Transformer, random_model
 from .core.sampling import SamplingParams, sample
 from .core.tokenizer import Tokenizer
+from .kv.compressed import CrossLayerKVCache, QuantizedKVCache, SelectiveKVCache, SlidingWindowCache
 
 __version__ = "0.1.0"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from ..cli import DEFAULT_MODEL, DTYPES, CliError, bad_input, default_device, parse_device, write_json
 from ..core.checkpoints import config_from_hf, load, resolve
-from ..core.config import PRESETS
 from ..core.device import set_threads_from_env
 from . import generation as bench
 from .batching import BatchingBench, bench_batching, check_goals, format_batching
+from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
 
 
 def cmd_bench_generate(args: argparse.Namespace) -> int:
@@ -42,18 +42,18 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_kv(args: argparse.Namespace) -> int:
-    from ..kv.gqa import bench_kv, format_kv_bench
-
-    if args.repeats < 1 or args.new_tokens < 1 or min(args.contexts) < 1:
-        raise CliError("--repeats, --new-tokens and --contexts must be positive integers")
-    if args.shape not in PRESETS:
-        raise CliError(f"unknown shape {args.shape!r}; choose one of {', '.join(PRESETS)}")
     set_threads_from_env()
-    device = parse_device(args.device) or default_device()
-    print(f"KV-cache techniques on a random {args.shape} (as MHA), contexts {args.contexts} ({device})...",
-          file=sys.stderr, flush=True)  # fmt: skip
-    result = bench_kv(args.shape, tuple(args.contexts), args.batch, args.new_tokens, args.repeats, device,
-                      DTYPES[args.dtype] if args.dtype else None)  # fmt: skip
+    with bad_input():
+        dtype = DTYPES[args.dtype] if args.dtype else None
+        device = parse_device(args.device) or default_device()
+        options = KVBench(tuple(args.contexts), args.batch, args.new_tokens, args.repeats, device, dtype)
+        config = mha_shape(args.shape)
+    print(
+        f"KV-cache techniques on a random {args.shape} (as MHA), contexts {args.contexts} ({device})...",
+        file=sys.stderr,
+        flush=True,
+    )
+    result = bench_kv(config, options)
     print(format_kv_bench(result))
     if args.json:
         write_json(args.json, result)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .cache import KVCache
+from .cache import Cache, KVCache
 from .device import synchronize
-from .model import Cache, Transformer
+from .model import Transformer
 from .prompts import check_vocabulary, token_rows
 from .sampling import SamplingParams, sample
 

@@ -19,31 +19,14 @@ cache, left-padded batches and sliding windows alike.
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import ATTENTION_BACKENDS, attention_function, attention_mask, attention_probs
+from .cache import Cache
 from .config import ModelConfig, preset
-
-
-class Cache(Protocol):
-    """What the model needs from a KV cache (see ``minillm.core.cache`` for the kinds).
-
-    ``length`` counts the tokens written so far (the next token's position, for an unpadded
-    row). ``in_order`` is True when ``update`` returns exactly the keys of positions
-    0..length-1 in order, so that a plain causal rule needs no mask. A cache that limits what
-    may be seen (a sliding window) names it in ``window``.
-    """
-
-    length: int
-    in_order: bool
-    window: int | None
-
-    def reserve(self, positions: Tensor) -> Tensor: ...  # (B, T) new positions -> (B, S) all key positions
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -125,7 +108,7 @@ class Attention(nn.Module):
         q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]  # (B, H, T, hd), (B, Hkv, T, hd), (B, Hkv, T, hd)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, hd): every key so far
-        if cache is not None and getattr(cache, "wants_attention", False):
+        if cache is not None and cache.wants_attention:
             probs = attention_probs(q, k, mask, causal)  # (B, H, T, S), for caches that evict by attention
             cache.record_attention(self.layer_idx, probs)
             y = probs.to(v.dtype) @ v.repeat_interleave(H // Hkv, dim=1)
@@ -235,7 +218,7 @@ class Transformer(nn.Module):
         if implicit:
             positions = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
         k_pos = cache.reserve(positions) if cache is not None else positions
-        window = _narrowest(self.config.sliding_window, getattr(cache, "window", None))
+        window = _narrowest(self.config.sliding_window, cache.window if cache is not None else None)
         in_order = cache is None or cache.in_order
         mask, causal = None, False
         if implicit and window is None and in_order and tree_mask is None and (T == 1 or start == 0):
