@@ -22,9 +22,10 @@ import torch
 from .bench.cli import add_bench
 from .bench.report import finish_provenance, format_table, provenance
 from .cli import DEFAULT_MODEL, DTYPES, ArgumentParser, CliError, bad_input, parse_device, write_json
-from .core.checkpoints import BUNDLED_DIR, bundled_models, config_from_hf, load
+from .core.checkpoints import BUNDLED_DIR, bundled_models, load
 from .core.config import PRESETS, ModelConfig
 from .core.generate import GenerationResult, generate
+from .core.hf_config import config_from_hf
 from .core.model import Transformer
 from .core.sampling import SamplingParams
 from .core.tokenizer import StreamDecoder

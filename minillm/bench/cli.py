@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from ..cli import DEFAULT_MODEL, DTYPES, CliError, bad_input, default_device, parse_device, write_json
-from ..core.checkpoints import config_from_hf, load, resolve
+from ..core.checkpoints import load, resolve
 from ..core.device import set_threads_from_env
+from ..core.hf_config import config_from_hf
 from . import generation as bench
 from .batching import BatchingBench, bench_batching, check_goals, format_batching
 from .kv import KVBench, bench_kv, format_kv_bench, mha_shape

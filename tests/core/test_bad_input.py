@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm import ModelConfig
-from minillm.core.checkpoints import BUNDLED_DIR, CheckpointError, config_from_hf
+from minillm.core.checkpoints import BUNDLED_DIR, CheckpointError
+from minillm.core.hf_config import config_from_hf
 from minillm.core.prompts import token_rows
 from tests.conftest import tiny_model
 

@@ -9,7 +9,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, trainers
 
 import minillm
-from minillm.core.checkpoints import CheckpointError, config_from_hf, resolve
+from minillm.core.checkpoints import CheckpointError, resolve
+from minillm.core.hf_config import config_from_hf
 from minillm.core.tokenizer import StreamDecoder, Tokenizer
 from tests.conftest import tiny_model
 
