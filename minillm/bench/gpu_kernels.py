@@ -84,9 +84,11 @@ def _randn(*shape: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
 
 
-def _flash_error(B, H, Hkv, T, S, hd, causal, dtype, g) -> float:
+def _flash_error(case: tuple, dtype: torch.dtype, g: torch.Generator) -> float:
+    """Max error of the fused kernel on one FLASH_CASES entry (B, H, Hkv, T, S, hd, causal)."""
     from kernels.flash_attention import flash_attention
 
+    B, H, Hkv, T, S, hd, causal = case
     q = _randn(B, H, T, hd, dtype=dtype, g=g)  # (B, H, T, hd)
     k, v = _randn(B, Hkv, S, hd, dtype=dtype, g=g), _randn(B, Hkv, S, hd, dtype=dtype, g=g)  # (B, Hkv, S, hd)
     ref = attention_reference(q.float(), k.float(), v.float(), None, causal)
@@ -136,7 +138,7 @@ def check_correctness(deadline: float, out: dict) -> None:
         tol, name = TOLERANCE[dtype], str(dtype).removeprefix("torch.")
         for case in FLASH_CASES:
             meta = {"kernel": "flash_attention", "dtype": name, "shape": list(case[:6]), "causal": case[6]}
-            _guarded_row(rows, meta, lambda c=case, d=dtype: _flash_error(*c, d, g), tol)
+            _guarded_row(rows, meta, lambda c=case, d=dtype: _flash_error(c, d, g), tol)
         for case in PAGED_CASES:
             meta = {"kernel": "paged_attention_decode", "dtype": name, "shape": list(case)}
             _guarded_row(rows, meta, lambda c=case, d=dtype: _paged_error(*c, d, g), tol)
