@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...core.generate import generate
 from ...decoding.prompt_lookup import copyable_fraction, lookup_continuation
 from ...decoding.speculative import expected_tokens_per_forward, predicted_speedup
 from .base import close, passed, require
@@ -164,8 +165,6 @@ def check_copyable_fraction(fn: Callable) -> None:
 
 def check_prompt_lookup_loop(fn: Callable, model, prompt: list[int], n: int = 24) -> None:
     """fn(model, prompt, n) -> n greedy tokens, made with fewer forwards than tokens on a copy prompt."""
-    from ...core.generate import generate
-
     name = "prompt-lookup decoding loop"
     calls = []
 
