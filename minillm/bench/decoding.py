@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -56,13 +56,15 @@ class DecodingBench:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                option = "--" + f.name.replace("_", "-")
-                raise ValueError(f"{f.name} ({option}) must be a positive integer, got {value!r}")
-            if f.type == "str" and not (isinstance(value, str) and value):
-                raise ValueError(f"{f.name} must be a non-empty string, got {value!r}")
+        for name in ("prompts", "prompt_len", "new_tokens", "repeats", "k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                option = "--" + name.replace("_", "-")  # the command line's name for it
+                raise ValueError(f"{name} ({option}) must be a positive integer, got {value!r}")
+        for name in ("target", "draft", "device"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
 
 
 def tokens_and_stats(result: DecodingResult) -> tuple[list[int], DecodingStats]:
