@@ -10,8 +10,8 @@ V are each read from memory once and the output written once. FlashAttention-2 p
 over keys inside a program that owns a query tile (parallel over query tiles, batch and heads)
 and divides by ``l`` only once at the end; this kernel does the same.
 
-``attention_tiled`` is the same algorithm in plain PyTorch, one key tile at a time: the math the
-kernel implements, readable and checked against ``minillm.core.model.attention_reference``.
+``minillm.core.attention.attention_tiled`` is the same algorithm in plain PyTorch, one key tile at a
+time: the math this kernel implements, readable, and importable where Triton is not installed.
 
 Supported: q (B, H, T, hd), k and v (B, Hkv, S, hd) with H a multiple of Hkv (grouped-query
 attention: a query head reads K/V head ``h // (H // Hkv)``, nothing is repeated in memory),
@@ -40,39 +40,28 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def attention_tiled(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, block: int = 64) -> Tensor:
-    """Attention computed one key tile at a time with an online softmax, in plain PyTorch.
-
-    q (B, H, T, hd); k, v (B, Hkv, S, hd) -> (B, H, T, hd). Never holds more than (T, block) scores.
-    """
-    B, H, T, hd = q.shape
-    S, n_rep = k.shape[2], H // k.shape[1]
-    qf = q.float() / math.sqrt(hd)  # (B, H, T, hd)
-    m = torch.full((B, H, T, 1), float("-inf"), device=q.device)  # running max of each row's scores
-    l = torch.zeros(B, H, T, 1, device=q.device)  # running sum of exp(score - m)  # noqa: E741
-    acc = torch.zeros(B, H, T, hd, device=q.device)  # running sum of exp(score - m) * v
-    q_pos = torch.arange(T, device=q.device)[:, None] + (S - T)  # (T, 1): query i sits at S - T + i
-    for start in range(0, S, block):
-        kt = k[:, :, start : start + block].float().repeat_interleave(n_rep, dim=1)  # (B, H, n, hd)
-        vt = v[:, :, start : start + block].float().repeat_interleave(n_rep, dim=1)  # (B, H, n, hd)
-        s = qf @ kt.transpose(-2, -1)  # (B, H, T, n)
-        if causal:
-            k_pos = torch.arange(start, start + kt.shape[2], device=q.device)[None, :]  # (1, n)
-            s = s.masked_fill(k_pos > q_pos, float("-inf"))
-        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (B, H, T, 1)
-        m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # a row with nothing visible yet
-        p = torch.exp(s - m_safe)  # (B, H, T, n)
-        alpha = torch.exp(m - m_safe)  # rescales what was summed under the old maximum
-        l = l * alpha + p.sum(dim=-1, keepdim=True)  # noqa: E741
-        acc = acc * alpha + p @ vt
-        m = m_new
-    return (acc / l).to(q.dtype)
-
-
 @triton.jit
-def _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale_log2, m_i, l_i, acc,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PRECISION: tl.constexpr):  # fmt: skip
+def _attend_tile(
+    q,
+    k_base,
+    v_base,
+    skt,
+    skd,
+    svt,
+    svd,
+    start_n,
+    q_pos,
+    S,
+    scale_log2,
+    m_i,
+    l_i,
+    acc,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Fold keys start_n .. start_n + BLOCK_N into the running (m, l, acc) of BLOCK_M query rows.
 
     MASKED tiles (the last, ragged one; those on the causal diagonal) check bounds and causality;
@@ -106,15 +95,37 @@ def _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale
 
 @triton.jit
 def _flash_fwd_kernel(
-    Q, K, V, Out,
-    sqb, sqh, sqt, sqd,
-    skb, skh, skt, skd,
-    svb, svh, svt, svd,
-    sob, soh, sot, sod,
-    n_heads, n_rep, T, S, scale_log2,
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    Out,
+    sqb,
+    sqh,
+    sqt,
+    sqd,
+    skb,
+    skh,
+    skt,
+    skd,
+    svb,
+    svh,
+    svt,
+    svd,
+    sob,
+    soh,
+    sot,
+    sod,
+    n_heads,
+    n_rep,
+    T,
+    S,
+    scale_log2,
+    CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     """One program: BLOCK_M query rows of one (batch, head), looping over all their key tiles."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = pid_bh // n_heads, pid_bh % n_heads
@@ -138,11 +149,49 @@ def _flash_fwd_kernel(
         n_full = (S // BLOCK_N) * BLOCK_N
         end = S
     for start_n in range(0, n_full, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale_log2,
-                                     m_i, l_i, acc, False, CAUSAL, HEAD_DIM, BLOCK_N, PRECISION)  # fmt: skip
+        m_i, l_i, acc = _attend_tile(
+            q,
+            k_base,
+            v_base,
+            skt,
+            skd,
+            svt,
+            svd,
+            start_n,
+            q_pos,
+            S,
+            scale_log2,
+            m_i,
+            l_i,
+            acc,
+            False,
+            CAUSAL,
+            HEAD_DIM,
+            BLOCK_N,
+            PRECISION,
+        )
     for start_n in range(n_full, end, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(q, k_base, v_base, skt, skd, svt, svd, start_n, q_pos, S, scale_log2,
-                                     m_i, l_i, acc, True, CAUSAL, HEAD_DIM, BLOCK_N, PRECISION)  # fmt: skip
+        m_i, l_i, acc = _attend_tile(
+            q,
+            k_base,
+            v_base,
+            skt,
+            skd,
+            svt,
+            svd,
+            start_n,
+            q_pos,
+            S,
+            scale_log2,
+            m_i,
+            l_i,
+            acc,
+            True,
+            CAUSAL,
+            HEAD_DIM,
+            BLOCK_N,
+            PRECISION,
+        )
     out = acc / l_i[:, None]  # the one division, at the end (FlashAttention-2)
     o_ptrs = Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_m[:, None] < T)
@@ -151,8 +200,9 @@ def _flash_fwd_kernel(
 def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
     """Raise ValueError naming the first thing the kernel does not support."""
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"need q (B, H, T, hd) and k, v (B, Hkv, S, hd); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")  # fmt: skip
+        raise ValueError(
+            f"need q (B, H, T, hd) and k, v (B, Hkv, S, hd); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     B, H, T, hd = q.shape
     if k.shape[0] != B or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
@@ -186,8 +236,9 @@ def _tile_sizes(hd: int, dtype: torch.dtype, device: torch.device) -> tuple[int,
     return (64, 64, 4, 2) if smem >= 96 * 1024 else (64, 32, 4, 2)
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                    block_m: int | None = None, block_n: int | None = None) -> Tensor:  # fmt: skip
+def flash_attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, block_m: int | None = None, block_n: int | None = None
+) -> Tensor:
     """Fused attention: q (B, H, T, hd), k and v (B, Hkv, S, hd) -> (B, H, T, hd) in q's dtype."""
     check_attention_inputs(q, k, v)
     B, H, T, hd = q.shape
@@ -198,9 +249,25 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     out = torch.empty_like(q)
     grid = (triton.cdiv(T, bm), B * H)
     _flash_fwd_kernel[grid](
-        q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, H // k.shape[1], T, S, LOG2E / math.sqrt(hd),
-        CAUSAL=causal, HEAD_DIM=hd, BLOCK_M=bm, BLOCK_N=bn, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *out.stride(),
+        H,
+        H // k.shape[1],
+        T,
+        S,
+        LOG2E / math.sqrt(hd),
+        CAUSAL=causal,
+        HEAD_DIM=hd,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=warps,
+        num_stages=stages,
+    )
     return out

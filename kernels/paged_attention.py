@@ -34,16 +34,42 @@ from kernels.flash_attention import DTYPES, HEAD_DIMS, LOG2E, interpreting, shar
 
 @triton.jit
 def _paged_decode_kernel(
-    Q, K, V, Out, TABLES, LENS,
-    sqb, sqh, sqd,
-    skn, skt, skh, skd,
-    svn, svt, svh, svd,
-    sob, soh, sod,
-    stb, stm,
-    M_PART, L_PART, ACC_PART,
-    n_heads, n_rep, block_size, scale_log2, chunk,
-    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    Out,
+    TABLES,
+    LENS,
+    sqb,
+    sqh,
+    sqd,
+    skn,
+    skt,
+    skh,
+    skd,
+    svn,
+    svt,
+    svh,
+    svd,
+    sob,
+    soh,
+    sod,
+    stb,
+    stm,
+    M_PART,
+    L_PART,
+    ACC_PART,
+    n_heads,
+    n_rep,
+    block_size,
+    scale_log2,
+    chunk,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    TILE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     """One program: sequence b, K/V head kv_h, its n_rep query heads (padded to GROUP rows), and
     the context tokens [split * chunk, (split + 1) * chunk) of that sequence."""
     b, kv_h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -107,14 +133,18 @@ def num_splits(batch: int, n_kv: int, max_tokens: int, tile: int, device: torch.
 def check_paged_inputs(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, context_lens: Tensor) -> None:
     """Raise ValueError naming the first thing the kernel does not support."""
     if q.dim() != 3 or k_pool.dim() != 4 or v_pool.shape != k_pool.shape:
-        raise ValueError(f"need q (B, H, hd) and pools (num_blocks, block_size, Hkv, hd); got {tuple(q.shape)}, "
-                         f"{tuple(k_pool.shape)}, {tuple(v_pool.shape)}")  # fmt: skip
+        raise ValueError(
+            f"need q (B, H, hd) and pools (num_blocks, block_size, Hkv, hd); got {tuple(q.shape)}, "
+            f"{tuple(k_pool.shape)}, {tuple(v_pool.shape)}"
+        )
     B, H, hd = q.shape
     if k_pool.shape[3] != hd or H % k_pool.shape[2]:
         raise ValueError(f"q {tuple(q.shape)} does not fit pools {tuple(k_pool.shape)} (head dim, GQA ratio)")
     if block_tables.dim() != 2 or block_tables.shape[0] != B or context_lens.shape != (B,):
-        raise ValueError(f"need block_tables (B, M) and context_lens (B,) for B={B}; got "
-                         f"{tuple(block_tables.shape)}, {tuple(context_lens.shape)}")  # fmt: skip
+        raise ValueError(
+            f"need block_tables (B, M) and context_lens (B,) for B={B}; got "
+            f"{tuple(block_tables.shape)}, {tuple(context_lens.shape)}"
+        )
     if hd not in HEAD_DIMS:
         raise ValueError(f"head dim {hd} is not supported by the Triton kernel (supported: {HEAD_DIMS})")
     if q.dtype not in DTYPES or k_pool.dtype != q.dtype or v_pool.dtype != q.dtype:
@@ -123,8 +153,9 @@ def check_paged_inputs(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: 
         raise ValueError(f"tensors on {q.device}: the kernel needs CUDA (or TRITON_INTERPRET=1 on the CPU)")
 
 
-def paged_attention_decode_triton(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor,
-                                  context_lens: Tensor, splits: int | None = None) -> Tensor:  # fmt: skip
+def paged_attention_decode_triton(
+    q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, context_lens: Tensor, splits: int | None = None
+) -> Tensor:
     """q (B, H, hd); pools (num_blocks, block_size, Hkv, hd); tables (B, M); lens (B,) -> (B, H, hd).
 
     Same contract as ``minillm.kv.paged.paged_attention_decode``; every length must be >= 1.
@@ -145,11 +176,31 @@ def paged_attention_decode_triton(q: Tensor, k_pool: Tensor, v_pool: Tensor, blo
     l_part = torch.empty_like(m_part)
     acc_part = torch.empty(B, H, splits, hd, device=q.device, dtype=torch.float32)
     _paged_decode_kernel[(B, n_kv, splits)](
-        q, k_pool, v_pool, out, block_tables, context_lens,
-        *q.stride(), *k_pool.stride(), *v_pool.stride(), *out.stride(), *block_tables.stride(),
-        m_part, l_part, acc_part,
-        H, n_rep, block_size, LOG2E / math.sqrt(hd), chunk,
-        HEAD_DIM=hd, GROUP=group, TILE=tile, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        SPLIT=splits > 1, num_warps=4, num_stages=1 if interpreting() else 2,
-    )  # fmt: skip
+        q,
+        k_pool,
+        v_pool,
+        out,
+        block_tables,
+        context_lens,
+        *q.stride(),
+        *k_pool.stride(),
+        *v_pool.stride(),
+        *out.stride(),
+        *block_tables.stride(),
+        m_part,
+        l_part,
+        acc_part,
+        H,
+        n_rep,
+        block_size,
+        LOG2E / math.sqrt(hd),
+        chunk,
+        HEAD_DIM=hd,
+        GROUP=group,
+        TILE=tile,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SPLIT=splits > 1,
+        num_warps=4,
+        num_stages=1 if interpreting() else 2,
+    )
     return combine_splits(m_part, l_part, acc_part, q.dtype) if splits > 1 else out

@@ -58,7 +58,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
     r_out = torch.empty_like(x2) if residual is not None else x2
     block = triton.next_power_of_2(D)
     warps = 1 if interpreting() else min(16, max(1, block // 256))
-    _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, y, r_out, D, eps, HAS_RESIDUAL=residual is not None,
-                                   BLOCK=block, num_warps=warps)  # fmt: skip
+    _rmsnorm_kernel[(x2.shape[0],)](
+        x2, r2, weight, y, r_out, D, eps, HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=warps
+    )
     y = y.view(x.shape)
     return (y, r_out.view(x.shape)) if residual is not None else y

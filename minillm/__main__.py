@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .bench.cli import add_bench
-from .bench.report import format_table
+from .bench.report import finish_provenance, format_table, provenance
 from .cli import DEFAULT_MODEL, DTYPES, ArgumentParser, CliError, bad_input, parse_device, write_json
 from .core.checkpoints import BUNDLED_DIR, bundled_models, config_from_hf, load
 from .core.config import PRESETS, ModelConfig
@@ -29,8 +29,9 @@ from .core.model import Transformer
 from .core.sampling import SamplingParams
 from .core.tokenizer import StreamDecoder
 from .decoding.medusa_train import MedusaTrainConfig, train_medusa
+from .kv.gqa import Uptraining, uptrain_curves
 from .training.corpus import DATA_DIR, build_corpus
-from .training.train import TOKENIZER_DIR, train_bundled, train_tokenizer
+from .training.train import TOKENIZER_DIR, encode_split, train_bundled, train_tokenizer
 
 
 def human_count(n: int) -> str:
@@ -126,31 +127,27 @@ def cmd_train_model(args: argparse.Namespace) -> int:
 
 
 def cmd_train_gqa(args: argparse.Namespace) -> int:
-    from .core.device import hardware_description
-    from .kv.gqa import uptrain_curves
-    from .training.train import encode_split
-
-    if args.steps < 1 or args.eval_every < 1:
-        raise CliError(f"--steps and --eval-every must be positive integers, got {args.steps} and {args.eval_every}")
+    with bad_input():
+        options = Uptraining(steps=args.steps, eval_every=args.eval_every)
     torch.set_num_threads(os.cpu_count() or 1)
     model, tokenizer = load(DEFAULT_MODEL)
     valid = encode_split(tokenizer, "valid")[: 24 * 128 + 1]
-    with bad_input():
-        curves = uptrain_curves(model, args.kv_heads, args.steps, args.eval_every, valid)
+    with bad_input():  # K/V-head counts that do not divide the model's are refused before any training
+        curves = uptrain_curves(model, args.kv_heads, options, valid)
     for n, curve in curves.items():
         print(f"{n} K/V heads: perplexity " + " -> ".join(f"{ppl:.1f} (step {s})" for s, ppl in curve))
     if args.json:
-        figures = {
-            "model": DEFAULT_MODEL,
-            "n_heads": model.config.n_heads,
-            "steps": args.steps,
-            "batch_size": 8,
-            "seq_len": 128,
-            "lr": 5e-4,
-            "valid_tokens": len(valid) - 1,
-            "hardware": hardware_description(),
-        }
-        write_json(args.json, {**figures, "curves": {str(n): c for n, c in curves.items()}})
+        figures = provenance(
+            "cpu",
+            model=DEFAULT_MODEL,
+            n_heads=model.config.n_heads,
+            steps=options.steps,
+            batch_size=options.batch_size,
+            seq_len=options.seq_len,
+            lr=options.lr,
+            valid_tokens=len(valid) - 1,
+        )
+        write_json(args.json, {**finish_provenance(figures), "curves": {str(n): c for n, c in curves.items()}})
     return 0
 
 
@@ -215,8 +212,8 @@ def add_train(commands) -> None:
     medusa.add_argument("--out", type=Path, default=None, help="output directory (default: beside the model)")
     medusa.set_defaults(handler=cmd_train_medusa)
     gqa = what.add_parser("gqa", help="uptrain the bundled target converted to GQA and MQA; perplexity curves")
-    gqa.add_argument("--kv-heads", type=int, nargs="+", default=[8, 2, 1],
-                     help="K/V head counts; the model's own is the control (default: 8 2 1)")  # fmt: skip
+    kv_heads_help = "K/V head counts; the model's own is the control (default: 8 2 1)"
+    gqa.add_argument("--kv-heads", type=int, nargs="+", default=[8, 2, 1], help=kv_heads_help)
     gqa.add_argument("--steps", type=int, default=200, help="optimizer steps each (default: 200)")
     gqa.add_argument("--eval-every", type=int, default=25, help="steps between evaluations (default: 25)")
     gqa.add_argument("--json", type=Path, default=None, help="also write the curves to this JSON file")

@@ -2,6 +2,7 @@
 saved with its own tiny tokenizer, so that nothing here needs the bundled models."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,11 @@ from tests.conftest import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
-SENTENCES = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog.",
-             "for i in range(10):\n    print(i)\n"]  # fmt: skip
+SENTENCES = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "for i in range(10):\n    print(i)\n",
+]
 
 
 def tiny_tokenizer() -> Tokenizer:
@@ -27,8 +31,9 @@ def tiny_tokenizer() -> Tokenizer:
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[EOT], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[EOT], show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(SENTENCES * 4, trainer)
     tok.post_processor = processors.TemplateProcessing(single=f"{EOT} $A", special_tokens=[(EOT, 0)])
     return Tokenizer(tok, bos_token=EOT, eos_token=EOT)
@@ -74,8 +79,17 @@ def test_transformers_is_not_imported_by_the_package():
 
 
 def test_generate_streams_text_then_timings(checkpoint, capsys):
-    argv = ["generate", "--model", str(checkpoint), "--prompt", "def add(a, b):", "--max-new-tokens", "8",
-            "--device", "cpu"]  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        str(checkpoint),
+        "--prompt",
+        "def add(a, b):",
+        "--max-new-tokens",
+        "8",
+        "--device",
+        "cpu",
+    ]
     status, out, err = run_main(argv, capsys)
     assert status == 0, err
     text, timing = out.rstrip("\n").rsplit("\n", 1)
@@ -85,9 +99,25 @@ def test_generate_streams_text_then_timings(checkpoint, capsys):
 
 
 def test_generate_with_sampling_options(checkpoint, capsys):
-    argv = ["generate", "--model", str(checkpoint), "--prompt", "The quick", "--max-new-tokens", "4",
-            "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "1",
-            "--dtype", "bfloat16"]  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        str(checkpoint),
+        "--prompt",
+        "The quick",
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "1",
+        "--dtype",
+        "bfloat16",
+    ]
     first = run_main(argv, capsys)
     second = run_main(argv, capsys)
     assert first[0] == 0, first[2]
@@ -103,8 +133,9 @@ def assert_one_line_error(status: int, err: str, *words: str) -> None:
 
 
 def test_generate_rejects_negative_temperature(checkpoint, capsys):
-    status, out, err = run_main(["generate", "--model", str(checkpoint), "--prompt", "hi", "--temperature", "-1"],
-                                capsys)  # fmt: skip
+    status, out, err = run_main(
+        ["generate", "--model", str(checkpoint), "--prompt", "hi", "--temperature", "-1"], capsys
+    )
     assert_one_line_error(status, err, "temperature")
     assert out == "", "nothing should be printed before the input is checked"
 
@@ -119,6 +150,23 @@ def test_generate_rejects_a_prompt_past_the_context(checkpoint, capsys):
     status, out, err = run_main(argv, capsys)
     assert_one_line_error(status, err, "max_seq_len")
     assert out == ""
+
+
+@pytest.mark.parametrize(
+    "breakage, words",
+    [
+        (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:5]), ["truncated"]),
+        (lambda d: (d / "config.json").write_text("{not json"), ["not valid JSON", "line 1"]),
+        (lambda d: (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}'), ["lacks required"]),
+    ],
+    ids=["truncated-weights", "config-not-json", "config-missing-fields"],
+)
+def test_a_broken_checkpoint_is_one_line_not_a_traceback(checkpoint, tmp_path, capsys, breakage, words):
+    broken = Path(shutil.copytree(checkpoint, tmp_path / "broken"))
+    breakage(broken)
+    status, out, err = run_main(["generate", "--model", str(broken), "--prompt", "hi"], capsys)
+    assert_one_line_error(status, err, str(broken), *words)
+    assert "Traceback" not in err and out == ""
 
 
 def test_usage_errors_are_one_line_with_status_2(capsys):
@@ -174,8 +222,24 @@ def test_missing_transformers_gives_the_install_command(checkpoint, monkeypatch)
 def test_bench_cli_prints_goals_and_writes_json(checkpoint, tmp_path, capsys):
     pytest.importorskip("transformers")
     out_file = tmp_path / "figures" / "generate.json"
-    argv = ["bench", "generate", "--model", str(checkpoint), "--repeats", "1", "--new-tokens", "3",
-            "--prompt-len", "8", "--prompt-lens", "8", "--device", "cpu", "--json", str(out_file)]  # fmt: skip
+    argv = [
+        "bench",
+        "generate",
+        "--model",
+        str(checkpoint),
+        "--repeats",
+        "1",
+        "--new-tokens",
+        "3",
+        "--prompt-len",
+        "8",
+        "--prompt-lens",
+        "8",
+        "--device",
+        "cpu",
+        "--json",
+        str(out_file),
+    ]
     status, out, err = run_main(argv, capsys)
     assert status == 0, err
     assert "Goals" in out and "NOT MEASURED" in out  # the cache goal is at prompt 512, not measured here

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from ..cli import DEFAULT_MODEL, DTYPES, CliError, bad_input, default_device, parse_device, write_json
 from ..core.checkpoints import config_from_hf, load, resolve
-from ..core.config import PRESETS
 from ..core.device import set_threads_from_env
 from . import generation as bench
+from .batching import BatchingBench, bench_batching, check_goals, format_batching
 from .decoding import DecodingBench, bench_decoding, format_decoding
+from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
 
 
 def cmd_bench_generate(args: argparse.Namespace) -> int:
@@ -42,18 +43,18 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_kv(args: argparse.Namespace) -> int:
-    from ..kv.gqa import bench_kv, format_kv_bench
-
-    if args.repeats < 1 or args.new_tokens < 1 or min(args.contexts) < 1:
-        raise CliError("--repeats, --new-tokens and --contexts must be positive integers")
-    if args.shape not in PRESETS:
-        raise CliError(f"unknown shape {args.shape!r}; choose one of {', '.join(PRESETS)}")
     set_threads_from_env()
-    device = parse_device(args.device) or default_device()
-    print(f"KV-cache techniques on a random {args.shape} (as MHA), contexts {args.contexts} ({device})...",
-          file=sys.stderr, flush=True)  # fmt: skip
-    result = bench_kv(args.shape, tuple(args.contexts), args.batch, args.new_tokens, args.repeats, device,
-                      DTYPES[args.dtype] if args.dtype else None)  # fmt: skip
+    with bad_input():
+        dtype = DTYPES[args.dtype] if args.dtype else None
+        device = parse_device(args.device) or default_device()
+        options = KVBench(tuple(args.contexts), args.batch, args.new_tokens, args.repeats, device, dtype)
+        config = mha_shape(args.shape)
+    print(
+        f"KV-cache techniques on a random {args.shape} (as MHA), contexts {args.contexts} ({device})...",
+        file=sys.stderr,
+        flush=True,
+    )
+    result = bench_kv(config, options)
     print(format_kv_bench(result))
     if args.json:
         write_json(args.json, result)
@@ -80,23 +81,28 @@ def cmd_bench_decoding(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_batching(args: argparse.Namespace) -> int:
-    from .batching import bench_batching, check_goals, format_batching
-
-    counts = (args.requests, args.max_batch, args.prefix_requests, args.system_len, args.prompt_median,
-              args.output_median, args.repeats)  # fmt: skip
-    if min(counts) < 1 or args.rate <= 0:
-        raise CliError("--requests, --max-batch, --prefix-requests, --system-len, --prompt-median, --output-median, "
-                       "--repeats and --rate must be positive")  # fmt: skip
+    with bad_input():
+        options = BatchingBench(
+            n_requests=args.requests,
+            rate=args.rate,
+            max_batch=args.max_batch,
+            prompt_median=args.prompt_median,
+            output_median=args.output_median,
+            prefix_requests=args.prefix_requests,
+            system_len=args.system_len,
+            repeats=args.repeats,
+            progress=not args.no_progress,
+        )
     device = parse_device(args.device) or default_device()
     with bad_input():
         model, _ = load(args.model, device=device)
-    print(f"static vs continuous batching, KV waste, prefix cache on {args.model} ({device})...",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"static vs continuous batching, KV waste, prefix cache on {args.model} ({device})...",
+        file=sys.stderr,
+        flush=True,
+    )
     with bad_input():
-        figures = bench_batching(model, args.requests, args.rate, args.max_batch, args.prompt_median,
-                                 args.output_median, prefix_requests=args.prefix_requests,
-                                 system_len=args.system_len, repeats=args.repeats,
-                                 progress=not args.no_progress)  # fmt: skip
+        figures = bench_batching(model, options)
     figures["goals"] = check_goals(figures)
     print(format_batching(figures))
     if args.json:

@@ -7,7 +7,7 @@ contenders run interleaved, after one warmup run each, so that drift (thermal th
 background job) hits both alike; figures are medians over the repeats. Every result names the
 hardware, dtype and model it came from.
 
-    from .generation import bench_vs_transformers, format_vs_transformers
+    from minillm.bench.generation import bench_vs_transformers, format_vs_transformers
     print(format_vs_transformers(bench_vs_transformers("minillm-target")))
 """
 
@@ -16,18 +16,18 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ..core.checkpoints import load, resolve
-from ..core.device import hardware_description, synchronize
 from ..core.generate import generate
 from ..core.model import Transformer
 from ..core.tokenizer import Tokenizer
 from ..training.corpus import corpus_prompt
-from .report import format_table
+from .report import finish_provenance, format_table, provenance
+from .timing import interleaved, repeat
 
 GOAL_VS_TRANSFORMERS = 1.5  # minillm end-to-end tokens/s over transformers'
 GOAL_CACHE_SPEEDUP = 5.0  # KV cache tokens/s over recompute, at prompt GOAL_CACHE_PROMPT_LEN
@@ -39,7 +39,7 @@ PROMPT_SEED = 0  # for the random prompt of a checkpoint that has no tokenizer
 class Run:
     """One timed generation."""
 
-    seconds: float  # wall time of the whole call, prefill included
+    seconds: float  # wall time of the whole call, prefill included (measured by the timing harness)
     ttft: float  # seconds to the first new token
     decode_tokens_per_s: float  # tokens after the first / the time after the first
     tokens: list[int]
@@ -50,10 +50,15 @@ class Run:
 
 
 def _provenance(directory: Path, device: str, dtype: torch.dtype, repeats: int, new_tokens: int) -> dict:
-    return {"model": directory.name, "checkpoint": str(directory), "hardware": hardware_description(device),
-            "device": str(device), "dtype": str(dtype).removeprefix("torch."), "batch_size": 1,
-            "repeats": repeats, "new_tokens": new_tokens, "threads": torch.get_num_threads(),
-            "torch": torch.__version__}  # fmt: skip
+    return provenance(
+        device,
+        model=directory.name,
+        dtype=dtype,
+        checkpoint=str(directory),
+        batch_size=1,
+        repeats=repeats,
+        new_tokens=new_tokens,
+    )
 
 
 def _check_counts(repeats: int, new_tokens: int) -> None:
@@ -78,39 +83,38 @@ def make_prompt(model: Transformer, tokenizer: Tokenizer | None, length: int) ->
         return ids, "random ids (the checkpoint has no tokenizer.json)"
     ids = corpus_prompt(tokenizer, length)
     if max(ids) >= model.config.vocab_size:
-        raise ValueError(f"the tokenizer makes id {max(ids)}, outside the model's vocabulary "
-                         f"of {model.config.vocab_size}")  # fmt: skip
+        raise ValueError(
+            f"the tokenizer makes id {max(ids)}, outside the model's vocabulary of {model.config.vocab_size}"
+        )
     return ids, "corpus text (validation split)"
 
 
-def time_minillm(model: Transformer, prompt: list[int], new_tokens: int, use_cache: bool = True) -> Run:
-    """One greedy minillm generation of exactly ``new_tokens`` tokens, timed end to end."""
-    synchronize(model.device)
-    t0 = time.perf_counter()
-    result = generate(model, prompt, new_tokens, eos_token_id=None, use_cache=use_cache)
-    synchronize(model.device)
-    seconds = time.perf_counter() - t0
-    return Run(seconds, result.ttft, result.decode_tokens_per_s, result.tokens[0].tolist())
+def minillm_call(model: Transformer, prompt: list[int], new_tokens: int, use_cache: bool = True) -> Callable[[], Run]:
+    """A function that runs one greedy minillm generation of exactly ``new_tokens`` tokens."""
+
+    def run() -> Run:
+        result = generate(model, prompt, new_tokens, eos_token_id=None, use_cache=use_cache)
+        return Run(float("nan"), result.ttft, result.decode_tokens_per_s, result.tokens[0].tolist())
+
+    return run
 
 
-def interleaved_runs(contenders: Mapping[str, Callable[[], Run]], repeats: int) -> dict[str, list[Run]]:
-    """One warmup run of each contender, then ``repeats`` rounds, alternating who goes first."""
-    for run in contenders.values():
-        run()
-    names = list(contenders)
-    runs: dict[str, list[Run]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names if r % 2 == 0 else names[::-1]:
-            runs[name].append(contenders[name]())
-    return runs
+def interleaved_runs(contenders: Mapping[str, Callable[[], Run]], repeats: int, device) -> dict[str, list[Run]]:
+    """The contenders through the timing harness (a warm-up round, then ``repeats`` rounds taking
+    turns), each run with the wall seconds the harness measured around it."""
+    timings = interleaved(contenders, repeats, device)
+    return {name: [replace(run, seconds=s) for s, run in zip(t.seconds, t.values)] for name, t in timings.items()}
 
 
 def summarize(runs: Sequence[Run], new_tokens: int) -> dict[str, float]:
     """Medians over runs: wall seconds, end-to-end tokens/s, decode-only tokens/s, TTFT (ms)."""
     seconds = statistics.median(r.seconds for r in runs)
-    return {"seconds": seconds, "tokens_per_s": new_tokens / seconds,
-            "decode_tokens_per_s": statistics.median(r.decode_tokens_per_s for r in runs),
-            "ttft_ms": 1e3 * statistics.median(r.ttft for r in runs)}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "tokens_per_s": new_tokens / seconds,
+        "decode_tokens_per_s": statistics.median(r.decode_tokens_per_s for r in runs),
+        "ttft_ms": 1e3 * statistics.median(r.ttft for r in runs),
+    }
 
 
 def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -133,8 +137,10 @@ def _import_transformers():
     try:
         import transformers
     except ImportError as e:
-        raise ImportError("the comparison with Hugging Face transformers needs it installed: pip install "
-                          "transformers (a dev dependency, in requirements-dev.txt)") from e  # fmt: skip
+        raise ImportError(
+            "the comparison with Hugging Face transformers needs it installed: pip install "
+            "transformers (a dev dependency, in requirements-dev.txt)"
+        ) from e
     return transformers
 
 
@@ -145,15 +151,18 @@ def _hf_timer(transformers, hf_model, prompt: list[int], new_tokens: int) -> Cal
     pad_id = hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else 0
 
     class TokenTimes(transformers.generation.BaseStreamer):
-        """Records when each new token reaches the host; generate first puts the prompt."""
+        """Records when generate puts the prompt (its start) and when each new token reaches the host."""
 
         def __init__(self) -> None:
+            self.start = float("nan")
             self.times: list[float] = []
             self.calls = 0
 
         def put(self, value) -> None:
             self.calls += 1
-            if self.calls > 1:
+            if self.calls == 1:
+                self.start = time.perf_counter()
+            else:
                 self.times.append(time.perf_counter())
 
         def end(self) -> None:
@@ -161,26 +170,35 @@ def _hf_timer(transformers, hf_model, prompt: list[int], new_tokens: int) -> Cal
 
     def run() -> Run:
         streamer = TokenTimes()
-        synchronize(device)
-        t0 = time.perf_counter()
         with torch.inference_mode():
             # eos_token_id=None: never stop early and never suppress EOS, as minillm here; so
             # min_new_tokens only restates the length and greedy tokens stay comparable.
-            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None,
-                                    pad_token_id=pad_id, streamer=streamer)  # fmt: skip
-        synchronize(device)
-        seconds = time.perf_counter() - t0
+            out = hf_model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                eos_token_id=None,
+                pad_token_id=pad_id,
+                streamer=streamer,
+            )
         t = streamer.times
         decode = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else float("nan")
-        return Run(seconds, t[0] - t0 if t else float("nan"), decode, out[0, len(prompt) :].tolist())
+        ttft = t[0] - streamer.start if t else float("nan")
+        return Run(float("nan"), ttft, decode, out[0, len(prompt) :].tolist())
 
     return run
 
 
-def bench_vs_transformers(model_name: str = "minillm-target", prompt_len: int = 64, new_tokens: int = 128,
-                          repeats: int = 5, device: str = "cpu",
-                          dtype: torch.dtype = torch.float32) -> dict:  # fmt: skip
+def bench_vs_transformers(
+    model_name: str = "minillm-target",
+    prompt_len: int = 64,
+    new_tokens: int = 128,
+    repeats: int = 5,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict:
     """minillm.generate (with its KV cache) against transformers' ``generate`` on the same weights.
 
     Returns end-to-end tokens/s (prompt in, ``new_tokens`` out, wall time), decode-only tokens/s
@@ -193,37 +211,44 @@ def bench_vs_transformers(model_name: str = "minillm-target", prompt_len: int = 
     prompt, source = make_prompt(model, tokenizer, prompt_len)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
     contenders = {
-        "minillm": lambda: time_minillm(model, prompt, new_tokens),
+        "minillm": minillm_call(model, prompt, new_tokens),
         "transformers": _hf_timer(transformers, hf_model, prompt, new_tokens),
     }
-    runs = interleaved_runs(contenders, repeats)
+    runs = interleaved_runs(contenders, repeats, device)
     ours, theirs = summarize(runs["minillm"], new_tokens), summarize(runs["transformers"], new_tokens)
     reference = runs["transformers"][0].tokens
     mismatch = first_mismatch(runs["minillm"][0].tokens, reference)
-    return {
-        "benchmark": "minillm vs transformers, greedy generation",
-        **_provenance(directory, device, dtype, repeats, new_tokens),
-        "prompt_len": prompt_len,
-        "prompt_source": source,
-        "transformers_version": transformers.__version__,
-        "transformers_class": type(hf_model).__name__,
-        "transformers_attention": getattr(hf_model.config, "_attn_implementation", None),
-        "minillm": ours,
-        "transformers": theirs,
-        "speedup": ours["tokens_per_s"] / theirs["tokens_per_s"],
-        "decode_speedup": ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"],
-        "same_greedy_tokens": mismatch is None and _all_same(runs["minillm"] + runs["transformers"], reference),
-        "first_mismatch": mismatch,
-    }
+    return finish_provenance(
+        {
+            "benchmark": "minillm vs transformers, greedy generation",
+            **_provenance(directory, device, dtype, repeats, new_tokens),
+            "prompt_len": prompt_len,
+            "prompt_source": source,
+            "transformers_version": transformers.__version__,
+            "transformers_class": type(hf_model).__name__,
+            "transformers_attention": getattr(hf_model.config, "_attn_implementation", None),
+            "minillm": ours,
+            "transformers": theirs,
+            "speedup": ours["tokens_per_s"] / theirs["tokens_per_s"],
+            "decode_speedup": ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"],
+            "same_greedy_tokens": mismatch is None and _all_same(runs["minillm"] + runs["transformers"], reference),
+            "first_mismatch": mismatch,
+        }
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # KV cache vs recompute
 
 
-def bench_cache_vs_recompute(model_name: str = "minillm-target", prompt_lens: Sequence[int] = (64, 256, 512),
-                             new_tokens: int = 128, repeats: int = 5, device: str = "cpu",
-                             dtype: torch.dtype = torch.float32) -> dict:  # fmt: skip
+def bench_cache_vs_recompute(
+    model_name: str = "minillm-target",
+    prompt_lens: Sequence[int] = (64, 256, 512),
+    new_tokens: int = 128,
+    repeats: int = 5,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict:
     """minillm.generate with ``use_cache=True`` against ``use_cache=False`` at each prompt length.
 
     Returns one row per prompt length: end-to-end and decode-only tokens/s of each path, the
@@ -235,31 +260,42 @@ def bench_cache_vs_recompute(model_name: str = "minillm-target", prompt_lens: Se
     model, tokenizer = load(directory, device=device, dtype=dtype)
     too_long = [p for p in prompt_lens if p + new_tokens > model.config.max_seq_len]
     if too_long:
-        raise ValueError(f"prompt lengths {too_long} + new_tokens={new_tokens} exceed the context length "
-                         f"max_seq_len={model.config.max_seq_len} of {directory.name}")  # fmt: skip
+        raise ValueError(
+            f"prompt lengths {too_long} + new_tokens={new_tokens} exceed the context length "
+            f"max_seq_len={model.config.max_seq_len} of {directory.name}"
+        )
     rows, source = [], ""
     for prompt_len in prompt_lens:
         prompt, source = make_prompt(model, tokenizer, prompt_len)
         contenders = {
-            "cache": lambda p=prompt: time_minillm(model, p, new_tokens, use_cache=True),
-            "recompute": lambda p=prompt: time_minillm(model, p, new_tokens, use_cache=False),
+            "cache": minillm_call(model, prompt, new_tokens, use_cache=True),
+            "recompute": minillm_call(model, prompt, new_tokens, use_cache=False),
         }
-        runs = interleaved_runs(contenders, repeats)
+        runs = interleaved_runs(contenders, repeats, device)
         rows.append(_cache_row(prompt_len, runs, new_tokens))
-    return {"benchmark": "KV cache vs recompute, greedy generation",
-            **_provenance(directory, device, dtype, repeats, new_tokens), "prompt_source": source,
-            "rows": rows}  # fmt: skip
+    return finish_provenance(
+        {
+            "benchmark": "KV cache vs recompute, greedy generation",
+            **_provenance(directory, device, dtype, repeats, new_tokens),
+            "prompt_source": source,
+            "rows": rows,
+        }
+    )
 
 
 def _cache_row(prompt_len: int, runs: dict[str, list[Run]], new_tokens: int) -> dict:
     cache, recompute = summarize(runs["cache"], new_tokens), summarize(runs["recompute"], new_tokens)
-    return {"prompt_len": prompt_len,
-            "cache_tokens_per_s": cache["tokens_per_s"], "recompute_tokens_per_s": recompute["tokens_per_s"],
-            "speedup": cache["tokens_per_s"] / recompute["tokens_per_s"],
-            "cache_decode_tokens_per_s": cache["decode_tokens_per_s"],
-            "recompute_decode_tokens_per_s": recompute["decode_tokens_per_s"],
-            "cache_ttft_ms": cache["ttft_ms"], "recompute_ttft_ms": recompute["ttft_ms"],
-            "same_greedy_tokens": _all_same(runs["cache"] + runs["recompute"], runs["cache"][0].tokens)}  # fmt: skip
+    return {
+        "prompt_len": prompt_len,
+        "cache_tokens_per_s": cache["tokens_per_s"],
+        "recompute_tokens_per_s": recompute["tokens_per_s"],
+        "speedup": cache["tokens_per_s"] / recompute["tokens_per_s"],
+        "cache_decode_tokens_per_s": cache["decode_tokens_per_s"],
+        "recompute_decode_tokens_per_s": recompute["decode_tokens_per_s"],
+        "cache_ttft_ms": cache["ttft_ms"],
+        "recompute_ttft_ms": recompute["ttft_ms"],
+        "same_greedy_tokens": _all_same(runs["cache"] + runs["recompute"], runs["cache"][0].tokens),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,34 +309,54 @@ def check_goals(vs_transformers: dict | None, cache_vs_recompute: dict | None) -
     cache = next((r["speedup"] for r in rows if r["prompt_len"] == GOAL_CACHE_PROMPT_LEN), None)
     goals = [
         (f"minillm >= {GOAL_VS_TRANSFORMERS}x transformers tokens/s (end to end)", GOAL_VS_TRANSFORMERS, speedup),
-        (f"KV cache >= {GOAL_CACHE_SPEEDUP}x recompute tokens/s at prompt {GOAL_CACHE_PROMPT_LEN}",
-         GOAL_CACHE_SPEEDUP, cache),
-    ]  # fmt: skip
-    return [{"goal": goal, "target": target, "measured": measured,
-             "status": "NOT MEASURED" if measured is None else "MET" if measured >= target else "NOT MET"}
-            for goal, target, measured in goals]  # fmt: skip
+        (
+            f"KV cache >= {GOAL_CACHE_SPEEDUP}x recompute tokens/s at prompt {GOAL_CACHE_PROMPT_LEN}",
+            GOAL_CACHE_SPEEDUP,
+            cache,
+        ),
+    ]
+    return [
+        {
+            "goal": goal,
+            "target": target,
+            "measured": measured,
+            "status": "NOT MEASURED" if measured is None else "MET" if measured >= target else "NOT MET",
+        }
+        for goal, target, measured in goals
+    ]
 
 
 def format_vs_transformers(result: dict) -> str:
     rows = [{"implementation": name, **result[name]} for name in ("minillm", "transformers")]
-    columns = {"implementation": "implementation", "tokens_per_s": "tokens/s (end to end)",
-               "decode_tokens_per_s": "decode tokens/s", "ttft_ms": "TTFT ms", "seconds": "seconds"}  # fmt: skip
+    columns = {
+        "implementation": "implementation",
+        "tokens_per_s": "tokens/s (end to end)",
+        "decode_tokens_per_s": "decode tokens/s",
+        "ttft_ms": "TTFT ms",
+        "seconds": "seconds",
+    }
     parity = "yes" if result["same_greedy_tokens"] else f"NO (first difference at token {result['first_mismatch']})"
-    return "\n".join([
-        format_table(rows, columns, title=_title(result, f"prompt {result['prompt_len']} tokens, ")),
-        f"speedup: {result['speedup']:.2f}x end to end, {result['decode_speedup']:.2f}x decode only",
-        f"same greedy tokens: {parity}",
-        f"transformers {result['transformers_version']} ({result['transformers_class']}, "
-        f"attention: {result['transformers_attention']})",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            format_table(rows, columns, title=_title(result, f"prompt {result['prompt_len']} tokens, ")),
+            f"speedup: {result['speedup']:.2f}x end to end, {result['decode_speedup']:.2f}x decode only",
+            f"same greedy tokens: {parity}",
+            f"transformers {result['transformers_version']} ({result['transformers_class']}, "
+            f"attention: {result['transformers_attention']})",
+        ]
+    )
 
 
 def format_cache_vs_recompute(result: dict) -> str:
-    columns = {"prompt_len": "prompt", "cache_tokens_per_s": "cache tok/s",
-               "recompute_tokens_per_s": "recompute tok/s", "speedup": "speedup",
-               "cache_decode_tokens_per_s": "cache decode tok/s",
-               "recompute_decode_tokens_per_s": "recompute decode tok/s",
-               "same_greedy_tokens": "same tokens"}  # fmt: skip
+    columns = {
+        "prompt_len": "prompt",
+        "cache_tokens_per_s": "cache tok/s",
+        "recompute_tokens_per_s": "recompute tok/s",
+        "speedup": "speedup",
+        "cache_decode_tokens_per_s": "cache decode tok/s",
+        "recompute_decode_tokens_per_s": "recompute decode tok/s",
+        "same_greedy_tokens": "same tokens",
+    }
     return format_table(result["rows"], columns, title=_title(result))
 
 
@@ -311,27 +367,37 @@ def format_goals(goals: Sequence[dict]) -> str:
 
 def _title(result: dict, prompt: str = "") -> str:
     """Two lines: what was measured (model, dtype, batch, lengths, repeats), and on what hardware."""
-    return (f"{result['benchmark']}: {result['model']}, {result['dtype']}, batch {result['batch_size']}, "
-            f"{prompt}{result['new_tokens']} new tokens, median of {result['repeats']}\n"
-            f"{result['hardware']}")  # fmt: skip
+    return (
+        f"{result['benchmark']}: {result['model']}, {result['dtype']}, batch {result['batch_size']}, "
+        f"{prompt}{result['new_tokens']} new tokens, median of {result['repeats']}\n"
+        f"{result['hardware']}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Prefill vs decode (chapter 1)
 
 
-def prefill_vs_decode(model: Transformer, tokenizer: Tokenizer | None, prompt_lens: Sequence[int],
-                      new_tokens: int = 32, repeats: int = 3) -> list[dict]:  # fmt: skip
+def prefill_vs_decode(
+    model: Transformer, tokenizer: Tokenizer | None, prompt_lens: Sequence[int], new_tokens: int = 32, repeats: int = 3
+) -> list[dict]:
     """For each prompt length: the prefill time (TTFT) and the time of one decode step (TPOT),
     medians over ``repeats`` greedy generations with the KV cache."""
     _check_counts(repeats, new_tokens)
     rows = []
     for n in prompt_lens:
         prompt, _ = make_prompt(model, tokenizer, n)
-        time_minillm(model, prompt, new_tokens)  # warmup
-        runs = [generate(model, prompt, new_tokens, eos_token_id=None) for _ in range(repeats)]
+        timing = repeat(lambda p=prompt: generate(model, p, new_tokens, eos_token_id=None), repeats, model.device)
+        runs = timing.values
         ttft = statistics.median(r.ttft for r in runs)
         tpot = statistics.median(r.tpot for r in runs)
-        rows.append({"prompt_tokens": n, "prefill_ms": 1e3 * ttft, "decode_step_ms": 1e3 * tpot,
-                     "prefill_tokens_per_s": n / ttft, "decode_tokens_per_s": 1 / tpot})  # fmt: skip
+        rows.append(
+            {
+                "prompt_tokens": n,
+                "prefill_ms": 1e3 * ttft,
+                "decode_step_ms": 1e3 * tpot,
+                "prefill_tokens_per_s": n / ttft,
+                "decode_tokens_per_s": 1 / tpot,
+            }
+        )
     return rows

@@ -29,8 +29,9 @@ def measure_bandwidth(device="cpu", megabytes: int = 256, repeats: int = 5) -> f
     return 2.0 * src.numel() / repeat(lambda: dst.copy_(src), repeats, device).median
 
 
-def measure_roofline(device="cpu", dtype=torch.float32, n: int = 1024, megabytes: int = 256,
-                     repeats: int = 5, trials: int = 3) -> Roofline:  # fmt: skip
+def measure_roofline(
+    device="cpu", dtype=torch.float32, n: int = 1024, megabytes: int = 256, repeats: int = 5, trials: int = 3
+) -> Roofline:
     """This machine's practical roofline: a large matmul's FLOP/s and a large copy's bytes/s,
     each the best of ``trials`` medians (a roof is what the machine *can* do, so a trial slowed
     by another process should not lower it)."""
@@ -39,8 +40,9 @@ def measure_roofline(device="cpu", dtype=torch.float32, n: int = 1024, megabytes
     return Roofline(flops, bandwidth)
 
 
-def measure_phases(model, roof: Roofline, batch: int, prompt_len: int, new_tokens: int = 16,
-                   repeats: int = 3) -> list[dict]:  # fmt: skip
+def measure_phases(
+    model, roof: Roofline, batch: int, prompt_len: int, new_tokens: int = 16, repeats: int = 3
+) -> list[dict]:
     """Time prefill (TTFT) and one decode step of ``batch`` prompts of ``prompt_len`` tokens,
     medians over ``repeats`` greedy generations (of every step, for decode), and set them against the counted
     FLOPs and bytes: achieved FLOP/s and bytes/s, MFU and MBU on ``roof``."""
@@ -51,22 +53,48 @@ def measure_phases(model, roof: Roofline, batch: int, prompt_len: int, new_token
     runs = [generate(model, prompts, new_tokens, eos_token_id=None) for _ in range(repeats)]
     bpe = model.dtype.itemsize
     step = statistics.median(t for r in runs for t in r.token_times)  # pooled: robust to a stray slow step
-    phases = [("prefill", statistics.median(r.ttft for r in runs), prompt_len,
-               forward_cost(model.config, batch, prompt_len, prompt_len, bpe)),
-              ("decode", step, 1,
-               forward_cost(model.config, batch, 1, prompt_len + new_tokens // 2, bpe))]  # fmt: skip
+    phases = [
+        (
+            "prefill",
+            statistics.median(r.ttft for r in runs),
+            prompt_len,
+            forward_cost(model.config, batch, prompt_len, prompt_len, bpe),
+        ),
+        ("decode", step, 1, forward_cost(model.config, batch, 1, prompt_len + new_tokens // 2, bpe)),
+    ]
     rows = []
     for phase, seconds, tokens, cost in phases:
         flops_s, bytes_s = cost.flops / seconds, cost.bytes / seconds
-        rows.append({"phase": phase, "batch": batch, "seconds": seconds, "tokens_per_s": batch * tokens / seconds,
-                     "intensity": cost.intensity, "flops_per_s": flops_s, "bytes_per_s": bytes_s,
-                     "mfu": flops_s / roof.peak_flops, "mbu": bytes_s / roof.peak_bandwidth})  # fmt: skip
+        rows.append(
+            {
+                "phase": phase,
+                "batch": batch,
+                "seconds": seconds,
+                "tokens_per_s": batch * tokens / seconds,
+                "intensity": cost.intensity,
+                "flops_per_s": flops_s,
+                "bytes_per_s": bytes_s,
+                "mfu": flops_s / roof.peak_flops,
+                "mbu": bytes_s / roof.peak_bandwidth,
+            }
+        )
     return rows
 
 
 def format_phases(rows: list[dict], title: str) -> str:
     """``measure_phases`` rows as a table in readable units."""
-    table = [{"phase": r["phase"], "batch": r["batch"], "ms": 1e3 * r["seconds"], "tokens/s": r["tokens_per_s"],
-              "FLOP/byte": r["intensity"], "GFLOP/s": r["flops_per_s"] / 1e9, "GB/s": r["bytes_per_s"] / 1e9,
-              "MFU %": 100 * r["mfu"], "MBU %": 100 * r["mbu"]} for r in rows]  # fmt: skip
+    table = [
+        {
+            "phase": r["phase"],
+            "batch": r["batch"],
+            "ms": 1e3 * r["seconds"],
+            "tokens/s": r["tokens_per_s"],
+            "FLOP/byte": r["intensity"],
+            "GFLOP/s": r["flops_per_s"] / 1e9,
+            "GB/s": r["bytes_per_s"] / 1e9,
+            "MFU %": 100 * r["mfu"],
+            "MBU %": 100 * r["mbu"],
+        }
+        for r in rows
+    ]
     return format_table(table, title=title)

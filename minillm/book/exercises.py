@@ -14,6 +14,9 @@ import re
 import sys
 from pathlib import Path
 
+from .links import sync_repository_links
+from .nbfiles import cell_source, dump_notebook, execute_notebook, read_notebook
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = "raise NotImplementedError  # your code here"
 REGION = re.compile(rf"^([ \t]*){re.escape(BEGIN)}[^\n]*\n.*?^[ \t]*{re.escape(END)}[^\n]*$", re.M | re.S)
@@ -41,11 +44,6 @@ def stub_source(source: str, only: int | None = None) -> str:
     return REGION.sub(replace, source)
 
 
-def _cell_source(cell: dict) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
-
-
 def exercise_notebook(solution: dict, only: int | None = None) -> dict:
     """The exercise version of a solution notebook: regions stubbed, outputs cleared.
 
@@ -55,7 +53,7 @@ def exercise_notebook(solution: dict, only: int | None = None) -> dict:
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
-        src = _cell_source(cell)
+        src = cell_source(cell)
         n = count_regions(src)
         if only is None:
             cell["source"] = stub_source(src)
@@ -66,80 +64,13 @@ def exercise_notebook(solution: dict, only: int | None = None) -> dict:
     return nb
 
 
-def read_notebook(path: Path) -> dict:
-    import nbformat
-
-    return nbformat.read(str(path), as_version=4)
-
-
-def dump_notebook(nb: dict) -> str:
-    import nbformat
-
-    return nbformat.writes(nbformat.from_dict(nb)) + "\n"
-
-
-def execute_notebook(nb: dict, cwd: Path, timeout: int = 600) -> dict:
-    """Run every cell of ``nb`` in a fresh kernel (in ``cwd``); raise on the first error."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    node = nbformat.from_dict(copy.deepcopy(nb))
-    NotebookClient(node, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
-    return node
-
-
-# ---------------------------------------------------------------------------------------------
-# One repository URL: _config.yml names it; the notebooks' Colab badges and install cells follow
-
-BADGE = re.compile(r"\[!\[Open in Colab\]\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)\]"
-                   r"\(https://colab\.research\.google\.com/github/[^)\s]*\)")  # fmt: skip
-INSTALL = re.compile(r"minillm @ git\+https://github\.com/[^\"'\s]*")
-
-
-def repository(config: Path = Path("_config.yml")) -> tuple[str, str]:
-    """("owner/name", branch) from the book's _config.yml."""
-    import yaml
-
-    repo = yaml.safe_load(Path(config).read_text())["repository"]
-    return repo["url"].removeprefix("https://github.com/").rstrip("/"), repo.get("branch", "main")
-
-
-def colab_badge(repo: str, branch: str, path: str) -> str:
-    return (f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-            f"(https://colab.research.google.com/github/{repo}/blob/{branch}/{path})")  # fmt: skip
-
-
-def sync_links(nb: dict, badge_path: str, repo: str, branch: str) -> dict:
-    """Point a notebook's Colab badge at ``badge_path`` and its install cell at ``repo``."""
-    nb = copy.deepcopy(nb)
-    for cell in nb["cells"]:
-        src = _cell_source(cell)
-        src = BADGE.sub(lambda _: colab_badge(repo, branch, badge_path), src)
-        cell["source"] = INSTALL.sub(f"minillm @ git+https://github.com/{repo}@{branch}", src)
-    return nb
-
-
-def sync_repository_links(root: Path = Path(".")) -> list[Path]:
-    """Rewrite chapters/ and solutions/ so every link uses _config.yml's repository; return the changed."""
-    repo, branch = repository(root / "_config.yml")
-    changed = []
-    for folder, badge_folder in (("chapters", "chapters"), ("solutions", "exercises")):
-        for path in sorted((root / folder).glob("*.ipynb")):
-            nb = read_notebook(path)
-            synced = sync_links(nb, f"{badge_folder}/{path.name}", repo, branch)
-            if dump_notebook(synced) != dump_notebook(nb):
-                path.write_text(dump_notebook(synced), encoding="utf-8")
-                changed.append(path)
-    return changed
-
-
 def write_exercises(solutions: Path = Path("solutions"), exercises: Path = Path("exercises")) -> list[Path]:
     """Regenerate every exercise notebook; return the paths written."""
     exercises.mkdir(parents=True, exist_ok=True)
     written = []
     for src in sorted(Path(solutions).glob("*.ipynb")):
         nb = read_notebook(src)
-        if not any(count_regions(_cell_source(c)) for c in nb["cells"] if c["cell_type"] == "code"):
+        if not any(count_regions(cell_source(c)) for c in nb["cells"] if c["cell_type"] == "code"):
             raise ValueError(f"{src} has no {BEGIN} region: an exercise notebook needs at least one")
         dst = exercises / src.name
         dst.write_text(dump_notebook(exercise_notebook(nb)), encoding="utf-8")

@@ -76,8 +76,10 @@ def setup(seed: int = 0, device: str | None = None, scale: str | None = None, qu
     set_plot_style()
     ctx = BookContext(dev, dtype, scale, seed, hardware_description(dev))
     if not quiet:
-        print(f"{ctx.hardware} | {str(dtype).removeprefix('torch.')} | scale={scale} | seed={seed} | "
-              f"python {platform.python_version()}")  # fmt: skip
+        print(
+            f"{ctx.hardware} | {str(dtype).removeprefix('torch.')} | scale={scale} | seed={seed} | "
+            f"python {platform.python_version()}"
+        )
     return ctx
 
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import ModelConfig, RopeScaling
@@ -27,12 +27,26 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
 }
 BUNDLED_DIR = Path(__file__).resolve().parents[1] / "bundled"
+REQUIRED_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 # Tensors some checkpoints carry that hold nothing we need (RoPE tables are recomputed).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded, with the reason in the message."""
+
+
+def read_json(path: Path, what: str = "") -> dict:
+    """A checkpoint's JSON file as a dict, or a CheckpointError naming the file and the problem."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object {what}, got a {type(value).__name__}")
+    return value
 
 
 def bundled_models() -> list[str]:
@@ -50,12 +64,14 @@ def _rope_from_hf(cfg: dict) -> tuple[float, RopeScaling]:
     """rope_theta and scaling from either layout: ``rope_parameters`` (transformers >= 5) or
     top-level ``rope_theta`` + ``rope_scaling`` (older versions, where the type key was ``type``
     before ``rope_type``)."""
-    params = dict(cfg.get("rope_parameters") or {})
-    scaling = dict(cfg.get("rope_scaling") or {})
+    params = dict(_field(cfg, "rope_parameters", dict) or {})
+    scaling = dict(_field(cfg, "rope_scaling", dict) or {})
     theta = params.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        raise CheckpointError(f"config.json: rope_theta must be a positive number, got {theta!r}")
     merged = {**scaling, **params}
     rope_type = merged.pop("rope_type", merged.pop("type", "default"))
-    if rope_type not in ("default", "linear", "llama3"):
+    if not isinstance(rope_type, str) or rope_type not in ("default", "linear", "llama3"):
         raise CheckpointError(f"unsupported RoPE scaling type {rope_type!r} (supported: default, linear, llama3)")
     if rope_type == "default":
         return float(theta), RopeScaling()
@@ -64,13 +80,39 @@ def _rope_from_hf(cfg: dict) -> tuple[float, RopeScaling]:
         for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
         if k in merged
     }
-    return float(theta), RopeScaling(rope_type, **known)
+    try:
+        return float(theta), RopeScaling(rope_type, **known)
+    except ValueError as e:
+        raise CheckpointError(f"config.json: rope scaling: {e}") from e
+
+
+def _field(cfg: dict, key: str, kind: type | tuple[type, ...], default=None):
+    """``cfg[key]`` when it is of ``kind`` (None or absent: ``default``), else a CheckpointError naming it."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool) and bool not in _kinds(kind)):
+        names = " or ".join(k.__name__ for k in _kinds(kind)).replace("dict", "object").replace("str", "string")
+        raise CheckpointError(f"config.json: {key} must be {names}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _kinds(kind) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _flag(cfg: dict, key: str) -> bool:
+    return _field(cfg, key, bool, False)
 
 
 def config_from_hf(cfg: dict, name: str = "custom") -> ModelConfig:
     """A ModelConfig from the dict in a Hugging Face ``config.json``."""
-    archs = cfg.get("architectures") or []
-    model_type = cfg.get("model_type")
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"config.json must hold a JSON object, got {type(cfg).__name__}")
+    archs = _field(cfg, "architectures", list, [])
+    if not all(isinstance(a, str) for a in archs):
+        raise CheckpointError(f"config.json: architectures must be a list of class names, got {archs!r}")
+    model_type = _field(cfg, "model_type", str)
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None and not archs:
         arch = next((a for a, t in SUPPORTED_ARCHITECTURES.items() if t == model_type), None)
@@ -79,37 +121,47 @@ def config_from_hf(cfg: dict, name: str = "custom") -> ModelConfig:
             f"unsupported architecture {archs or model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     family = SUPPORTED_ARCHITECTURES[arch]
-    if cfg.get("hidden_act", "silu") != "silu":
+    if _field(cfg, "hidden_act", str, "silu") != "silu":
         raise CheckpointError(f"unsupported activation {cfg['hidden_act']!r}; only silu (SwiGLU) is supported")
     theta, scaling = _rope_from_hf(cfg)
     window = cfg.get("sliding_window")
     if family == "qwen2":
-        layer_types = set(cfg.get("layer_types") or [])
-        if cfg.get("use_sliding_window") or "sliding_attention" in layer_types:
+        layer_types = _field(cfg, "layer_types", list, [])
+        if _flag(cfg, "use_sliding_window") or "sliding_attention" in layer_types:
             raise CheckpointError("Qwen2 checkpoints with sliding-window layers are not supported")
         window = None
     if family == "llama":
         window = None
+    missing = [k for k in REQUIRED_FIELDS if k not in cfg]
+    if missing:
+        raise CheckpointError(f"config.json lacks required field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    try:
+        return _model_config(cfg, family, theta, scaling, window, name)
+    except ValueError as e:  # a field of the wrong type or an impossible value, named by ModelConfig
+        raise CheckpointError(f"config.json: {e}") from e
+
+
+def _model_config(cfg: dict, family: str, theta: float, scaling: RopeScaling, window, name: str) -> ModelConfig:
     n_heads = cfg["num_attention_heads"]
     return ModelConfig(
         vocab_size=cfg["vocab_size"],
         dim=cfg["hidden_size"],
         n_layers=cfg["num_hidden_layers"],
         n_heads=n_heads,
-        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+        n_kv_heads=n_heads if cfg.get("num_key_value_heads") is None else cfg["num_key_value_heads"],
+        head_dim=cfg.get("head_dim"),  # None: ModelConfig checks that the heads divide the width
         ffn_dim=cfg["intermediate_size"],
         max_seq_len=cfg.get("max_position_embeddings", 2048),
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
-        o_bias=family == "llama" and bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=family == "qwen2" or _flag(cfg, "attention_bias"),
+        o_bias=family == "llama" and _flag(cfg, "attention_bias"),
+        mlp_bias=_flag(cfg, "mlp_bias"),
+        tie_embeddings=_flag(cfg, "tie_word_embeddings"),
         sliding_window=window,
         bos_token_id=cfg.get("bos_token_id"),
-        eos_token_id=cfg.get("eos_token_id"),
+        eos_token_id=_field(cfg, "eos_token_id", (int, list)),
         name=name,
     )
 
@@ -257,8 +309,14 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], config: ModelConfig) ->
 def _weight_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [directory / f for f in sorted(set(weight_map.values()))]
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index} has no weight_map of tensor names to file names")
+        files = [directory / f for f in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise CheckpointError(f"{index} lists shards that are not in {directory}: {', '.join(absent)}")
+        return files
     single = directory / "model.safetensors"
     if single.is_file():
         return [single]
@@ -285,20 +343,10 @@ def load_state_dict(
     tensors: dict[str, torch.Tensor] = {}
     unexpected = []
     for file in _weight_files(directory):
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                name = key.removeprefix("model.")
-                if name.endswith(IGNORED_SUFFIXES) or name in skip:
-                    continue
-                if name not in expected:
-                    unexpected.append(key)
-                    continue
-                t = f.get_tensor(key)
-                if t.shape != expected[name]:
-                    raise CheckpointError(
-                        f"shape mismatch for tensor {key!r}: expected {tuple(expected[name])}, got {tuple(t.shape)}"
-                    )
-                tensors[name] = t.to(device=device, dtype=dtype)
+        try:
+            unexpected += _read_tensors(file, expected, dtype, device, skip, tensors)
+        except (SafetensorError, OSError, RuntimeError) as e:  # truncated, corrupt, not safetensors at all
+            raise CheckpointError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from e
     missing = sorted(set(expected) - set(tensors))
     if missing or unexpected:
         parts = []
@@ -312,6 +360,26 @@ def load_state_dict(
     return tensors
 
 
+def _read_tensors(file: Path, expected, dtype, device, skip, tensors: dict) -> list[str]:
+    """Tensors of one safetensors file into ``tensors``, checked by name and shape; the unexpected names."""
+    unexpected = []
+    with safe_open(str(file), framework="pt") as f:
+        for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+            name = key.removeprefix("model.")
+            if name.endswith(IGNORED_SUFFIXES) or name in skip:
+                continue
+            if name not in expected:
+                unexpected.append(key)
+                continue
+            t = f.get_tensor(key)
+            if t.shape != expected[name]:
+                raise CheckpointError(
+                    f"shape mismatch for tensor {key!r}: expected {tuple(expected[name])}, got {tuple(t.shape)}"
+                )
+            tensors[name] = t.to(device=device, dtype=dtype)
+    return unexpected
+
+
 def _checkpoint_dtype(cfg: dict) -> torch.dtype:
     name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
     return getattr(torch, str(name).removeprefix("torch."), torch.float32)
@@ -321,13 +389,16 @@ def load_model(directory: Path, device=None, dtype: torch.dtype | None = None) -
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"no config.json in {directory}")
-    raw = json.loads(cfg_path.read_text())
+    raw = read_json(cfg_path)
     gen = directory / "generation_config.json"
     if gen.is_file():  # generation_config.json's eos often lists more stop tokens than config.json's
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+        eos = read_json(gen).get("eos_token_id")
         if eos is not None:
             raw = {**raw, "eos_token_id": eos}
-    config = config_from_hf(raw, name=directory.name)
+    try:
+        config = config_from_hf(raw, name=directory.name)
+    except CheckpointError as e:
+        raise CheckpointError(f"{directory}: {e}") from e
     device = torch.device(device) if device is not None else best_device()
     if dtype is None:  # the checkpoint's own dtype on an accelerator; fp32 on a CPU
         dtype = torch.float32 if device.type == "cpu" else _checkpoint_dtype(raw)
@@ -354,8 +425,17 @@ def load(name_or_path: str | os.PathLike, device=None, dtype: torch.dtype | None
     """
     directory = resolve(name_or_path)
     model = load_model(directory, device, dtype)
-    tokenizer = Tokenizer.from_dir(directory) if (directory / "tokenizer.json").is_file() else None
+    tokenizer = _load_tokenizer(directory) if (directory / "tokenizer.json").is_file() else None
     return model, tokenizer
+
+
+def _load_tokenizer(directory: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_dir(directory)
+    except CheckpointError:
+        raise
+    except Exception as e:  # the tokenizers library raises its own exception types for a bad file
+        raise CheckpointError(f"{directory / 'tokenizer.json'} cannot be read as a tokenizer: {e}") from e
 
 
 def save_pretrained(

@@ -13,6 +13,35 @@ from dataclasses import dataclass, field
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _got(value: object) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def check_field_types(obj: object, ints: tuple[str, ...], optional_ints=(), numbers=(), bools=()) -> None:
+    """ValueError naming the first field of a config dataclass whose value has the wrong type or
+    is not positive; run first in ``__post_init__``, before any arithmetic on the fields."""
+    kind = type(obj).__name__
+    for name in ints + tuple(n for n in optional_ints if getattr(obj, n) is not None):
+        value = getattr(obj, name)
+        if not _is_int(value) or value <= 0:
+            raise ValueError(f"{kind}.{name} must be a positive integer, got {_got(value)}")
+    for name in numbers:
+        value = getattr(obj, name)
+        if not _is_number(value) or not value > 0:
+            raise ValueError(f"{kind}.{name} must be a positive number, got {_got(value)}")
+    for name in bools:
+        if not isinstance(getattr(obj, name), bool):
+            raise ValueError(f"{kind}.{name} must be true or false, got {_got(getattr(obj, name))}")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """Stretching RoPE to longer contexts. ``llama3`` follows Llama 3.1's frequency-band rule."""
@@ -26,8 +55,11 @@ class RopeScaling:
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
-        if self.factor <= 0:
-            raise ValueError(f"rope factor must be positive, got {self.factor}")
+        check_field_types(
+            self,
+            ints=("original_max_position_embeddings",),
+            numbers=("factor", "low_freq_factor", "high_freq_factor"),
+        )
         if self.rope_type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
             raise ValueError(
                 f"llama3 rope needs high_freq_factor > low_freq_factor, "
@@ -61,11 +93,24 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, dict):
-            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+            try:
+                object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+            except TypeError as e:  # an unknown key
+                raise ValueError(f"ModelConfig.rope_scaling: {e}") from e
+        if not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(f"ModelConfig.rope_scaling must be a RopeScaling or a dict, got {_got(self.rope_scaling)}")
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
-        if self.n_heads <= 0:  # before dim % n_heads below, which would divide by zero
-            raise ValueError(f"n_heads must be positive, got {self.n_heads}")
+        check_field_types(
+            self,
+            ints=("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"),
+            optional_ints=("n_kv_heads", "head_dim", "sliding_window"),
+            numbers=("norm_eps", "rope_theta"),
+            bools=("qkv_bias", "o_bias", "mlp_bias", "tie_embeddings"),
+        )
+        self._check_token_ids()
+        if not isinstance(self.name, str):
+            raise ValueError(f"ModelConfig.name must be a string, got {_got(self.name)}")
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.head_dim is None:
@@ -74,9 +119,6 @@ class ModelConfig:
                     f"dim ({self.dim}) is not divisible by n_heads ({self.n_heads}); set head_dim explicitly"
                 )
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
@@ -84,12 +126,19 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.max_seq_len <= 0:
-            raise ValueError(f"max_seq_len must be positive, got {self.max_seq_len}")
-        if self.sliding_window is not None and self.sliding_window <= 0:
-            raise ValueError(f"sliding_window must be positive or None, got {self.sliding_window}")
-        if self.norm_eps <= 0 or self.rope_theta <= 0:
-            raise ValueError("norm_eps and rope_theta must be positive")
+
+    def _check_token_ids(self) -> None:
+        ids = {"bos_token_id": self.bos_token_id}
+        eos = self.eos_token_id
+        if isinstance(eos, tuple):
+            ids.update({f"eos_token_id[{i}]": x for i, x in enumerate(eos)})
+        else:
+            ids["eos_token_id"] = eos
+        for name, value in ids.items():
+            if value is not None and (not _is_int(value) or not 0 <= value < self.vocab_size):
+                raise ValueError(
+                    f"ModelConfig.{name} must be None or an id in [0, {self.vocab_size}), got {_got(value)}"
+                )
 
     @property
     def n_rep(self) -> int:
@@ -123,14 +172,23 @@ class ModelConfig:
         return total
 
 
-_LLAMA3_ROPE = RopeScaling("llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                           original_max_position_embeddings=8192)  # fmt: skip
+_LLAMA3_ROPE = RopeScaling(
+    "llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
 _LLAMA3 = dict(vocab_size=128256, rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001)
 _LLAMA2 = dict(vocab_size=32000, max_seq_len=4096, bos_token_id=1, eos_token_id=2)
-_SMOL = dict(vocab_size=49152, max_seq_len=8192, rope_theta=100000.0, tie_embeddings=True, bos_token_id=1,
-             eos_token_id=2)  # fmt: skip
-_QWEN25 = dict(vocab_size=151936, max_seq_len=32768, norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True,
-               tie_embeddings=True, eos_token_id=151643)  # fmt: skip
+_SMOL = dict(
+    vocab_size=49152, max_seq_len=8192, rope_theta=100000.0, tie_embeddings=True, bos_token_id=1, eos_token_id=2
+)
+_QWEN25 = dict(
+    vocab_size=151936,
+    max_seq_len=32768,
+    norm_eps=1e-6,
+    rope_theta=1000000.0,
+    qkv_bias=True,
+    tie_embeddings=True,
+    eos_token_id=151643,
+)
 
 # fmt: off
 PRESETS: dict[str, ModelConfig] = {cfg.name: cfg for cfg in [
@@ -163,3 +221,9 @@ def preset(name: str, **overrides) -> ModelConfig:
     if name.lower() not in by_lower:
         raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
     return by_lower[name.lower()].replace(**overrides)
+
+
+def ceil_div(n: int, d: int) -> int:
+    """How many pieces of size ``d`` hold ``n`` items (the one spelling of ceiling division):
+    blocks for tokens, cache groups for layers, grid rows for panels."""
+    return -(-n // d)

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .cache import KVCache
+from .cache import Cache, KVCache
 from .device import synchronize
-from .model import Cache, Transformer
+from .model import Transformer
+from .prompts import check_vocabulary, token_rows
 from .sampling import SamplingParams, sample
 
 
@@ -62,18 +63,6 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Ten
     return ids.to(device), positions.to(device)
 
 
-def _as_prompts(input_ids) -> list[list[int]]:
-    if isinstance(input_ids, Tensor):
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (seq_len,) or (batch, seq_len), got {tuple(input_ids.shape)}")
-        return input_ids.tolist()
-    if len(input_ids) and isinstance(input_ids[0], int):
-        return [list(input_ids)]
-    return [list(p) for p in input_ids]
-
-
 def prefill(model: Transformer, ids: Tensor, positions: Tensor | None, cache: Cache) -> Tensor:
     """Run the prompt through the model, filling the cache; return the last logits (B, V)."""
     return model(ids, positions, cache, last_only=True)[:, -1]
@@ -95,10 +84,7 @@ def check_request(prompts: list[list[int]], max_new_tokens: int, config) -> None
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    for p in prompts:
-        if min(p) < 0 or max(p) >= config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {config.vocab_size}); got a prompt with ids "
-                             f"from {min(p)} to {max(p)}")  # fmt: skip
+    check_vocabulary(prompts, config.vocab_size)
     longest = max(len(p) for p in prompts)
     if longest + max_new_tokens > config.max_seq_len:
         raise ValueError(
@@ -141,7 +127,7 @@ def generate(
     for a user watching the stream.
     """
     params = SamplingParams(temperature, top_k, top_p, seed)
-    prompts = _as_prompts(input_ids)
+    prompts = token_rows(input_ids)
     check_request(prompts, max_new_tokens, model.config)
     eos_ids = resolve_eos(eos_token_id, model.config)
     pad_id = eos_ids[0] if eos_ids else 0

@@ -19,32 +19,14 @@ cache, left-padded batches and sliding windows alike.
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention import ATTENTION_BACKENDS, attention_function, attention_mask, attention_probs
+from .cache import Cache
 from .config import ModelConfig, preset
-
-ATTENTION_BACKENDS = ("sdpa", "reference", "triton")  # triton: minillm.core.attention, SDPA where unsupported
-
-
-class Cache(Protocol):
-    """What the model needs from a KV cache (see ``minillm.core.cache`` for the kinds).
-
-    ``length`` counts the tokens written so far (the next token's position, for an unpadded
-    row). ``in_order`` is True when ``update`` returns exactly the keys of positions
-    0..length-1 in order, so that a plain causal rule needs no mask. A cache that limits what
-    may be seen (a sliding window) names it in ``window``.
-    """
-
-    length: int
-    in_order: bool
-    window: int | None
-
-    def reserve(self, positions: Tensor) -> Tensor: ...  # (B, T) new positions -> (B, S) all key positions
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
 def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -98,69 +80,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
-def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
-    """Which keys each query may see: (B, T) and (B, S) positions -> bool (B, 1, T, S).
-
-    A key is visible when it is not padding (position >= 0), not in the future, and, with a
-    sliding window, fewer than ``window`` positions back. A query with no visible key (a
-    padding query) is allowed to see everything, so its softmax stays finite; it is never used.
-    """
-    qp, kp = q_pos[:, :, None], k_pos[:, None, :]
-    mask = (kp >= 0) & (kp <= qp)
-    if window is not None:
-        mask &= qp - kp < window
-    mask |= ~mask.any(dim=-1, keepdim=True)
-    return mask[:, None]
-
-
-def attention_probs(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
-    """softmax(q k^T / sqrt(hd)) in fp32: (B, H, T, S), K heads repeated for GQA."""
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, S, hd)
-    scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])  # (B, H, T, S)
-    if causal:
-        T, S = scores.shape[-2:]
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(dim=-1)
-
-
-def attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
-    """Plain scaled dot-product attention, the N x N score matrix in full.
-
-    q (B, H, T, hd); k, v (B, Hkv, S, hd) with H a multiple of Hkv (GQA); mask bool (B, 1, T, S).
-    """
-    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)  # (B, H, S, hd)
-    return (attention_probs(q, k, mask, causal).to(q.dtype) @ v).to(q.dtype)
-
-
-def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
-    """The same computation through PyTorch's fused kernels (flash / memory-efficient / math).
-
-    With GQA and an explicit (or no) mask, the n_rep query heads that share a K/V head are
-    folded into that head's rows: (B, H, T, hd) -> (B, Hkv, n_rep * T, hd). Each K/V head is
-    then read once for its whole group and never copied, which is what makes GQA's smaller
-    cache faster to decode from, not only smaller.
-    """
-    batch, n_heads, T, hd = q.shape
-    n_kv = k.shape[1]
-    if n_kv == n_heads or causal:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=n_kv != n_heads)
-    n_rep = n_heads // n_kv
-    grouped_mask = mask.repeat(1, 1, n_rep, 1) if mask is not None else None  # (B, 1, n_rep * T, S)
-    y = F.scaled_dot_product_attention(q.reshape(batch, n_kv, n_rep * T, hd), k, v, attn_mask=grouped_mask)
-    return y.view(batch, n_heads, T, hd)
-
-
-def attention_function(backend: str):
-    """The attention function of a backend name; "triton" imports the kernels only when asked for."""
-    if backend == "triton":
-        from .attention import attention_triton  # falls back to SDPA, with a warning, where unsupported
-
-        return attention_triton
-    return attention_sdpa if backend == "sdpa" else attention_reference
-
-
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
@@ -189,7 +108,7 @@ class Attention(nn.Module):
         q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]  # (B, H, T, hd), (B, Hkv, T, hd), (B, Hkv, T, hd)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, hd): every key so far
-        if cache is not None and getattr(cache, "wants_attention", False):
+        if cache is not None and cache.wants_attention:
             probs = attention_probs(q, k, mask, causal)  # (B, H, T, S), for caches that evict by attention
             cache.record_attention(self.layer_idx, probs)
             y = probs.to(v.dtype) @ v.repeat_interleave(H // Hkv, dim=1)
@@ -299,7 +218,7 @@ class Transformer(nn.Module):
         if implicit:
             positions = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
         k_pos = cache.reserve(positions) if cache is not None else positions
-        window = _narrowest(self.config.sliding_window, getattr(cache, "window", None))
+        window = _narrowest(self.config.sliding_window, cache.window if cache is not None else None)
         in_order = cache is None or cache.in_order
         mask, causal = None, False
         if implicit and window is None and in_order and tree_mask is None and (T == 1 or start == 0):

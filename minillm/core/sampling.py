@@ -23,15 +23,18 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if not isinstance(t, (int, float)) or t != t or t < 0 or t == float("inf"):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t or t < 0 or t == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
         if self.top_k is not None and (
             not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1
         ):
             raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
-        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
-                                       or not 0 < self.top_p <= 1):  # fmt: skip
+        if self.top_p is not None and (
+            isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1
+        ):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

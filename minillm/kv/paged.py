@@ -30,9 +30,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..core.attention import attention_mask, attention_reference
 from ..core.cache import CacheFullError
 from ..core.config import ModelConfig
-from ..core.model import attention_mask, attention_reference
 
 
 class PoolExhaustedError(CacheFullError):
@@ -211,8 +211,14 @@ class BlockManager:
 class KVPool:
     """K and V storage for every layer: (n_layers, num_blocks, block_size, n_kv_heads, head_dim) each."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):  # fmt: skip
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -259,8 +265,9 @@ def gather_kv(pool: Tensor, block_tables: Tensor) -> Tensor:
     return pool[block_tables].flatten(1, 2).transpose(1, 2)
 
 
-def paged_attention_decode(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor,
-                           context_lens: Tensor) -> Tensor:  # fmt: skip
+def paged_attention_decode(
+    q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, context_lens: Tensor
+) -> Tensor:
     """One query token per sequence attending to its cached keys, read through its block table.
 
     q (B, H, hd); k_pool, v_pool (num_blocks, block_size, Hkv, hd); block_tables (B, M) int;
@@ -290,6 +297,10 @@ class PagedKVBatch:
         self.tables = table_tensor(block_tables, pool.k.device)  # (B, M)
         self.length = 0
 
+    @property
+    def batch_size(self) -> int:
+        return self.tables.shape[0]
+
     def reserve(self, positions: Tensor) -> Tensor:
         if positions.shape[0] != self.tables.shape[0]:
             raise ValueError(f"{self.tables.shape[0]} block tables for a batch of {positions.shape[0]} rows")
@@ -307,6 +318,16 @@ class PagedKVBatch:
         for pool, new in ((self.pool.k[layer], k), (self.pool.v[layer], v)):
             pool.flatten(0, 1)[slots] = new.transpose(1, 2)[valid]  # (N, Hkv, hd)
         return gather_kv(self.pool.k[layer], self.read_tables), gather_kv(self.pool.v[layer], self.read_tables)
+
+    def truncate(self, length: int) -> None:
+        """Nothing to forget here: the pool keeps no lengths, each forward's positions decide how far
+        each row reads, so a rollback is the next forward continuing from ``length``. Blocks are
+        given back through ``BlockManager.free``."""
+        if length < 0:
+            raise ValueError(f"cannot truncate to a negative length, got {length}")
+
+    def record_attention(self, layer: int, probs: Tensor) -> None:
+        """Attention probabilities are not wanted (``wants_attention`` is False)."""
 
 
 def kv_waste(lengths: Sequence[int], block_size: int | None, max_len: int | None = None) -> float:
@@ -332,54 +353,3 @@ def token_slot(table: Sequence[int], position: int, block_size: int) -> int:
     if not 0 <= position < len(table) * block_size:
         raise IndexError(f"position {position} is outside the {len(table)} blocks of this table")
     return table[position // block_size] * block_size + position % block_size
-
-
-def plot_block_tables(manager: BlockManager, lengths: dict[int, int], names: dict[int, str] | None = None,
-                      title: str = ""):  # fmt: skip
-    """Each sequence's logical blocks (left) pointing through its block table to physical blocks
-    of the pool (right). A block's shading shows how full it is; a block shared by several
-    sequences (prefix cache, fork) is outlined, with its reference count."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import ConnectionPatch, Rectangle
-
-    names = names or {s: f"sequence {s}" for s in lengths}
-    bs, n = manager.block_size, manager.allocator.num_blocks
-    refs = manager.allocator.ref_counts
-    seqs = list(lengths)
-    width = max(len(manager.table(s)) for s in seqs)
-    cols = 8
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.75 * max(len(seqs), -(-n // cols))),
-                                      gridspec_kw={"width_ratios": [width + 2.5, cols]})  # fmt: skip
-    fill: dict[int, int] = {}
-    colors = {s: f"C{i}" for i, s in enumerate(seqs)}
-    owner: dict[int, int] = {}
-    for row, s in enumerate(seqs):
-        y = len(seqs) - 1 - row
-        left.text(-0.2, y + 0.4, names[s], ha="right", va="center", fontsize=9)
-        for j, block in enumerate(manager.table(s)):
-            used = min(bs, max(0, lengths[s] - j * bs))
-            fill[block] = max(fill.get(block, 0), used)
-            owner.setdefault(block, s)
-            left.add_patch(Rectangle((j, y), 0.9, 0.8, facecolor=colors[s], alpha=0.25 + 0.75 * used / bs))
-            left.text(j + 0.45, y + 0.4, f"{j}", ha="center", va="center", fontsize=8)
-            r, c = divmod(block, cols)
-            con = ConnectionPatch((j + 0.9, y + 0.4), (c, -r + 0.4), "data", "data", axesA=left, axesB=right,
-                                  color=colors[s], alpha=0.5, lw=0.8, arrowstyle="->")  # fmt: skip
-            fig.add_artist(con)
-    for block in range(n):
-        r, c = divmod(block, cols)
-        used = fill.get(block, 0)
-        shared = refs[block] > 1
-        face = colors[owner[block]] if block in owner else "white"
-        right.add_patch(Rectangle((c, -r), 0.9, 0.8, facecolor=face, alpha=0.25 + 0.75 * used / bs if used else 1,
-                                  edgecolor="black" if shared else "lightgray", lw=2 if shared else 0.8))  # fmt: skip
-        label = f"{block}" + (f"\nref {refs[block]}" if shared else "")
-        right.text(c + 0.45, -r + 0.4, label, ha="center", va="center", fontsize=7)
-    left.set(xlim=(-3.2, width), ylim=(-0.3, len(seqs)), title="block tables (logical blocks, in order)")
-    rows = -(-n // cols)
-    right.set(xlim=(-0.1, cols), ylim=(-rows + 0.7, 0.9),
-              title=f"physical pool: {n} blocks of {bs} tokens (shade: how full; outlined: shared)")  # fmt: skip
-    for ax in (left, right):
-        ax.axis("off")
-    fig.suptitle(title)
-    return fig

@@ -93,8 +93,12 @@ def throughput(requests: Sequence[RequestMetrics], duration: float | None = None
         raise ValueError(f"duration must be positive, got {duration}")
     out = sum(r.output_tokens for r in requests)
     inp = sum(r.input_tokens for r in requests)
-    return {"output_tokens_per_s": out / duration, "input_tokens_per_s": inp / duration,
-            "requests_per_s": len(requests) / duration, "requests_per_min": 60 * len(requests) / duration}  # fmt: skip
+    return {
+        "output_tokens_per_s": out / duration,
+        "input_tokens_per_s": inp / duration,
+        "requests_per_s": len(requests) / duration,
+        "requests_per_min": 60 * len(requests) / duration,
+    }
 
 
 def goodput(requests: Sequence[RequestMetrics], slo: SLO, duration: float | None = None) -> float:

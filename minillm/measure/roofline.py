@@ -74,8 +74,9 @@ def matmul_cost(name: str, m: int, k: int, n: int, bytes_per_element: float) -> 
     return OpCost(name, 2.0 * m * k * n, bytes_per_element * (m * k + k * n + m * n))
 
 
-def layer_costs(config: ModelConfig, batch: int, new_tokens: int, context: int,
-                bytes_per_element: float = 2) -> list[OpCost]:  # fmt: skip
+def layer_costs(
+    config: ModelConfig, batch: int, new_tokens: int, context: int, bytes_per_element: float = 2
+) -> list[OpCost]:
     """FLOPs and bytes of one transformer layer's matmuls for ``new_tokens`` per sequence attending
     to ``context`` keys: prefill is new_tokens = context = prompt length; decode is new_tokens = 1."""
     c, m = config, batch * new_tokens
@@ -91,8 +92,9 @@ def layer_costs(config: ModelConfig, batch: int, new_tokens: int, context: int,
     ]
 
 
-def forward_cost(config: ModelConfig, batch: int, new_tokens: int, context: int,
-                 bytes_per_element: float = 2) -> OpCost:  # fmt: skip
+def forward_cost(
+    config: ModelConfig, batch: int, new_tokens: int, context: int, bytes_per_element: float = 2
+) -> OpCost:
     """Total FLOPs and bytes of one forward pass (all layers and the LM head)."""
     ops = layer_costs(config, batch, new_tokens, context, bytes_per_element) * config.n_layers
     ops.append(matmul_cost("lm_head", batch * new_tokens, config.dim, config.vocab_size, bytes_per_element))
@@ -112,12 +114,21 @@ def decode_upper_bound_tokens_per_s(n_params: float, bytes_per_param: float, ban
 
 
 def datasheet_rows(accelerators=DATASHEETS) -> list[dict]:
-    return [{"accelerator": a.name, "memory_gb": a.memory_gb, "bandwidth_tb_s": a.bandwidth_tb_s,
-             "tflops_16bit": a.tflops_16bit, "ridge": a.ridge} for a in accelerators]  # fmt: skip
+    return [
+        {
+            "accelerator": a.name,
+            "memory_gb": a.memory_gb,
+            "bandwidth_tb_s": a.bandwidth_tb_s,
+            "tflops_16bit": a.tflops_16bit,
+            "ridge": a.ridge,
+        }
+        for a in accelerators
+    ]
 
 
-def accelerator_chooser(n_params: float, bytes_per_param: float, dollars_per_hour: dict[str, float],
-                        accelerators=DATASHEETS) -> list[dict]:  # fmt: skip
+def accelerator_chooser(
+    n_params: float, bytes_per_param: float, dollars_per_hour: dict[str, float], accelerators=DATASHEETS
+) -> list[dict]:
     """For a model of ``n_params`` stored in ``bytes_per_param``: does it fit on one device, the
     batch-1 decode ceiling in tokens/s, and what 1M tokens would cost at that ceiling for the
     given (assumed) hourly prices. None where the weights do not fit or no price is given."""
@@ -128,6 +139,14 @@ def accelerator_chooser(n_params: float, bytes_per_param: float, dollars_per_hou
         tps = decode_upper_bound_tokens_per_s(n_params, bytes_per_param, a.bandwidth_tb_s * 1e12) if fits else None
         price = dollars_per_hour.get(a.name)
         cost = cost_per_million_tokens(price, tps) if tps and price else None
-        rows.append({"accelerator": a.name, "weights_gb": weights_gb, "fits": fits, "tokens_per_s": tps,
-                     "dollars_per_hour": price, "dollars_per_1m_tokens": cost})  # fmt: skip
+        rows.append(
+            {
+                "accelerator": a.name,
+                "weights_gb": weights_gb,
+                "fits": fits,
+                "tokens_per_s": tps,
+                "dollars_per_hour": price,
+                "dollars_per_1m_tokens": cost,
+            }
+        )
     return rows

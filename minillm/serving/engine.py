@@ -33,14 +33,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ..core.config import ModelConfig
 from ..core.device import synchronize
 from ..core.model import Transformer
+from ..core.prompts import check_vocabulary
 from ..core.sampling import sample
 from ..kv.paged import BlockManager, KVPool, PagedKVBatch
 from ..measure.metrics import RequestMetrics
-from .scheduler import Scheduler, SchedulerConfig, Sequence, Work
+from .scheduler import Scheduler, SchedulerConfig, SequenceState, Work
 from .workload import Request
 
 
@@ -127,8 +129,9 @@ class SimulatedModel:
     """
 
     def __init__(self, config: ModelConfig):
-        self.config = config.replace(dim=2, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=2, ffn_dim=1,
-                                     name=f"{config.name} (simulated)")  # fmt: skip
+        self.config = config.replace(
+            dim=2, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=2, ffn_dim=1, name=f"{config.name} (simulated)"
+        )
         self.device, self.dtype = torch.device("cpu"), torch.float32
 
     @classmethod
@@ -155,6 +158,8 @@ class RequestOutput:
     tokens: list[int]  # the generated ids
     metrics: RequestMetrics  # arrival and each token's time, on the engine's clock
     preemptions: int
+    finish_reason: str = "length"  # "length" (max_tokens reached), "stop" (a stop id), "error"
+    error: str | None = None  # what went wrong while serving this request (finish_reason "error")
 
 
 def batch_inputs(work: list[Work], device, padding_rows: int = 0) -> tuple[Tensor, Tensor]:
@@ -193,18 +198,25 @@ class Engine:
     # -- requests in ---------------------------------------------------------------------------
 
     def check(self, request: Request) -> None:
-        """Raise RequestTooLargeError (or ValueError) for a request the engine could never serve."""
+        """Raise RequestTooLargeError (or ValueError) for a request the engine could never serve.
+        Its fields are validated again: they may have been changed since it was made."""
+        request.validate()
         n, context = len(request.prompt) + request.max_tokens, self.model.config.max_seq_len
         if n > context:
-            raise RequestTooLargeError(f"request {request.id}: prompt {len(request.prompt)} + max_tokens "
-                                       f"{request.max_tokens} exceeds the context length {context}")  # fmt: skip
+            raise RequestTooLargeError(
+                f"request {request.id}: prompt {len(request.prompt)} + max_tokens "
+                f"{request.max_tokens} exceeds the context length {context}"
+            )
         need = self.scheduler.blocks_needed(request)
         if need > self.config.num_blocks:
-            raise RequestTooLargeError(f"request {request.id} needs {need} blocks of {self.config.block_size} tokens "
-                                       f"({n} tokens) but the KV pool has only {self.config.num_blocks}")  # fmt: skip
-        vocab = self.model.config.vocab_size
-        if min(request.prompt) < 0 or max(request.prompt) >= vocab:
-            raise ValueError(f"request {request.id}: token ids must be in [0, {vocab})")
+            raise RequestTooLargeError(
+                f"request {request.id} needs {need} blocks of {self.config.block_size} tokens "
+                f"({n} tokens) but the KV pool has only {self.config.num_blocks}"
+            )
+        try:
+            check_vocabulary([request.prompt], self.model.config.vocab_size)
+        except ValueError as e:
+            raise ValueError(f"request {request.id}: {e}") from None
 
     def add_request(self, request: Request) -> int:
         """Queue a request (it joins when the clock reaches its arrival); returns its id."""
@@ -221,8 +233,21 @@ class Engine:
     def _admit_arrivals(self) -> None:
         while self._pending and self._pending[0][0] <= self.now:
             request = heapq.heappop(self._pending)[2]
-            self._generators[request.id] = request.params.generator(self.model.device)
-            self.scheduler.add(Sequence(request, request.id))
+            seq = SequenceState(request, request.id)
+            try:
+                self._generators[request.id] = request.params.generator(self.model.device)
+            except Exception as e:  # confined to this request: it ends with an error, the rest go on
+                self._fail(seq, e, scheduled=False)
+                continue
+            self.scheduler.add(seq)
+
+    def _fail(self, seq: SequenceState, error: Exception, scheduled: bool = True) -> RequestOutput:
+        """End one request with an error (its blocks freed at once); the engine serves the others."""
+        if scheduled:
+            self.scheduler.abort(seq)
+        out = self._output(seq, finish_reason="error")
+        out.error = f"{type(error).__name__}: {error}"
+        return out
 
     # -- the step loop -------------------------------------------------------------------------
 
@@ -240,7 +265,10 @@ class Engine:
             return []
         synchronize(self.model.device)
         t0 = time.perf_counter()
-        tokens, (decode_rows, padding, prefill_tokens, forwards) = self._forward_and_sample(work)
+        try:
+            tokens, (decode_rows, padding, prefill_tokens, forwards) = self._forward_and_sample(work)
+        except Exception as e:  # the batched forward itself failed: end these requests, keep the engine
+            return [self._fail(w.seq, e) for w in work]
         synchronize(self.model.device)
         n_fed = sum(w.n for w in work)
         cost = self.config.step_cost
@@ -298,16 +326,22 @@ class Engine:
         if isinstance(self.model, SimulatedModel):
             return [0 if d else None for d in done], fed
         logits = self._forward_split(work)  # (B, V)
-        out: list[int | None] = []
+        out: list[int | Exception | None] = []
         for i, (w, d) in enumerate(zip(work, done)):
             r = w.seq.request
-            out.append(int(sample(logits[i : i + 1], r.params, self._generators[r.id])) if d else None)
+            try:
+                out.append(int(sample(logits[i : i + 1], r.params, self._generators[r.id])) if d else None)
+            except Exception as e:  # confined to this row's request (see _advance)
+                out.append(e)
         return out, fed
 
-    def _advance(self, work: list[Work], tokens: list[int | None]) -> list[RequestOutput]:
+    def _advance(self, work: list[Work], tokens: list[int | Exception | None]) -> list[RequestOutput]:
         finished = []
         for w, token in zip(work, tokens):
             seq = w.seq
+            if isinstance(token, Exception):
+                finished.append(self._fail(seq, token))
+                continue
             seq.num_computed += w.n
             self.blocks.commit(seq.id, seq.tokens, seq.num_computed)
             if token is None:
@@ -319,10 +353,12 @@ class Engine:
                 finished.append(self._output(seq))
         return finished
 
-    def _output(self, seq: Sequence) -> RequestOutput:
+    def _output(self, seq: SequenceState, finish_reason: str | None = None) -> RequestOutput:
         r = seq.request
         metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
-        self.outputs[r.id] = RequestOutput(r, seq.outputs, metrics, seq.preemptions)
+        out = seq.outputs
+        reason = finish_reason or ("stop" if out and out[-1] in r.stop_ids else "length")
+        self.outputs[r.id] = RequestOutput(r, out, metrics, seq.preemptions, reason)
         return self.outputs[r.id]
 
     def _wait(self) -> None:
@@ -337,7 +373,7 @@ class Engine:
         """Serve ``requests`` (and any added before) to the end; outputs in the order given.
 
         Every request is checked before any runs, so a request that can never fit fails at once.
-        ``progress`` shows a bar (tqdm when installed, else a printed line).
+        ``progress`` shows a bar of requests done (tqdm, on stderr).
         """
         requests = list(requests)
         for r in requests:
@@ -352,39 +388,17 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Counters over the engine's life: steps, tokens fed, preemptions, evictions, copy-on-write copies,
         prompt tokens found in the prefix cache, padding rows fed for finished members of static batches."""
-        return {"steps": self.steps, "tokens_fed": self.tokens_fed, "preemptions": self.scheduler.preemptions,
-                "evictions": self.blocks.allocator.evictions, "cow_copies": self.blocks.cow_copies,
-                "prefix_hit_tokens": self.scheduler.prefix_hit_tokens, "padding_rows": self.padding_rows}  # fmt: skip
+        return {
+            "steps": self.steps,
+            "tokens_fed": self.tokens_fed,
+            "preemptions": self.scheduler.preemptions,
+            "evictions": self.blocks.allocator.evictions,
+            "cow_copies": self.blocks.cow_copies,
+            "prefix_hit_tokens": self.scheduler.prefix_hit_tokens,
+            "padding_rows": self.padding_rows,
+        }
 
 
-class _PrintedProgress:
-    """A fallback progress line when tqdm is not installed."""
-
-    def __init__(self, total: int):
-        self.total, self.done = total, 0
-
-    def update(self, n: int) -> None:
-        if n:
-            self.done += n
-            print(f"\r{self.done}/{self.total} requests done", end="", flush=True)
-
-    def close(self) -> None:
-        print()
-
-
-class _NoProgress:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def progress_bar(total: int, enabled: bool):
-    if not enabled:
-        return _NoProgress()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _PrintedProgress(total)
-    return tqdm(total=total, unit="req", desc="serving")
+def progress_bar(total: int, enabled: bool) -> tqdm:
+    """A bar of requests done (on stderr); a silent one unless ``enabled``."""
+    return tqdm(total=total, unit="req", desc="serving", disable=not enabled)

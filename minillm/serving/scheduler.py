@@ -47,15 +47,19 @@ class SchedulerConfig:
         if self.timeout < 0:
             raise ValueError(f"timeout must be >= 0, got {self.timeout}")
         if self.token_budget is not None and (self.token_budget < 1 or self.policy != "continuous"):
-            raise ValueError(f"token_budget (chunked prefill) must be positive and needs the continuous policy, "
-                             f"got {self.token_budget} with {self.policy!r}")  # fmt: skip
+            raise ValueError(
+                f"token_budget (chunked prefill) must be positive and needs the continuous policy, "
+                f"got {self.token_budget} with {self.policy!r}"
+            )
         if self.token_budget is not None and self.token_budget < self.max_batch:
-            raise ValueError(f"token_budget {self.token_budget} < max_batch {self.max_batch}: "
-                             "a full batch of decodes would not fit in one step")  # fmt: skip
+            raise ValueError(
+                f"token_budget {self.token_budget} < max_batch {self.max_batch}: "
+                "a full batch of decodes would not fit in one step"
+            )
 
 
 @dataclass(eq=False)
-class Sequence:
+class SequenceState:
     """A request in flight: its tokens so far (prompt, then outputs) and how many are cached."""
 
     request: Request
@@ -84,24 +88,32 @@ class Sequence:
 
 @dataclass
 class Work:
-    seq: Sequence
+    seq: SequenceState
     n: int  # tokens to feed this step: seq.tokens[num_computed : num_computed + n]
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, blocks: BlockManager):
         self.config, self.blocks = config, blocks
-        self.waiting: deque[Sequence] = deque()  # arrived, not running; preempted ones go first
-        self.running: list[Sequence] = []  # in admission order
+        self.waiting: deque[SequenceState] = deque()  # arrived, not running; preempted ones go first
+        self.running: list[SequenceState] = []  # in admission order
         self.preemptions = 0
         self.prefix_hit_tokens = 0  # prompt tokens whose K/V came from the prefix cache
         self.batch_rows = 0  # static/dynamic: rows of the current batch, finished ones included
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: SequenceState) -> None:
         self.waiting.append(seq)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: SequenceState) -> None:
         self.running.remove(seq)
+        self.blocks.free(seq.id)
+
+    def abort(self, seq: SequenceState) -> None:
+        """Drop a sequence wherever it is (running or waiting) and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
         self.blocks.free(seq.id)
 
     @property
@@ -142,7 +154,7 @@ class Scheduler:
                 budget -= n
         return work
 
-    def _make_room(self, seq: Sequence, n: int) -> bool:
+    def _make_room(self, seq: SequenceState, n: int) -> bool:
         """Blocks for the next n tokens of seq, preempting newer sequences (then seq itself) if needed."""
         start = seq.num_computed
         while not self.blocks.can_write(seq.id, start, start + n):
@@ -153,7 +165,7 @@ class Scheduler:
         self.blocks.prepare_write(seq.id, start, start + n)
         return True
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: SequenceState) -> None:
         """Recompute preemption: drop the sequence's K/V; it re-enters first in line, outputs kept."""
         self.running.remove(seq)
         self.blocks.free(seq.id)
@@ -176,18 +188,18 @@ class Scheduler:
             budget -= n
         return work
 
-    def _start(self, seq: Sequence) -> int:
+    def _start(self, seq: SequenceState) -> int:
         """Reuse cached prefix blocks; return how many tokens are left to compute (at least the last)."""
         cached = self.blocks.match_prefix(seq.id, seq.tokens)
         seq.num_computed = min(cached, len(seq.tokens) - 1)  # the last token's logits are needed
         return len(seq.tokens) - seq.num_computed
 
-    def _admit(self, seq: Sequence, end: int) -> None:
+    def _admit(self, seq: SequenceState, end: int) -> None:
         self.blocks.prepare_write(seq.id, seq.num_computed, end)
         self.prefix_hit_tokens += seq.num_computed
         self.running.append(self.waiting.popleft())
 
-    def _unstart(self, seq: Sequence) -> None:
+    def _unstart(self, seq: SequenceState) -> None:
         self.blocks.free(seq.id)
         seq.num_computed = 0
 

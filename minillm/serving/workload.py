@@ -1,7 +1,7 @@
 """Workloads for a serving engine: requests, chat-like traces, and recorded traces replayed.
 
 A trace is a list of ``TraceEntry`` (arrival time, prompt length, output length). The synthetic
-one is chat-like: Poisson arrivals (``serving_trace.poisson_arrivals``) and lognormal lengths,
+one is chat-like: Poisson arrivals (``measure.arrivals.poisson_arrivals``) and lognormal lengths,
 many short prompts and answers with a long tail, as in public chat logs. A recorded trace
 is a JSON list of objects or a CSV with the columns ``arrival,prompt_len,output_len``.
 ``requests_from_trace`` turns a trace into ``Request`` objects with random prompt ids (the
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.prompts import token_rows
 from ..core.sampling import SamplingParams
-from ..measure.trace import poisson_arrivals
+from ..measure.arrivals import poisson_arrivals
 
 TRACE_FIELDS = ("arrival", "prompt_len", "output_len")
 
@@ -41,12 +42,41 @@ class Request:
     id: int | None = None  # the engine numbers requests that come without one
 
     def __post_init__(self) -> None:
-        if not self.prompt:
-            raise ValueError("a request needs a prompt of at least one token")
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field (the engine calls this again when the request is added, since fields
+        can be changed after construction); prompt and stop ids are normalized to ints."""
+        rows = token_rows(self.prompt)
+        if len(rows) != 1:
+            raise ValueError(f"a request has one prompt, got {len(rows)} rows of token ids")
+        self.prompt = rows[0]
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not math.isfinite(self.arrival) or self.arrival < 0:
+        if (
+            isinstance(self.arrival, bool)
+            or not isinstance(self.arrival, (int, float))
+            or not math.isfinite(self.arrival)
+        ):
+            raise ValueError(f"arrival must be a finite time in seconds, got {self.arrival!r}")
+        if self.arrival < 0:
             raise ValueError(f"arrival must be a finite time >= 0, got {self.arrival!r}")
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(self.params).__name__} {self.params!r}")
+        self.stop_ids = stop_id_tuple(self.stop_ids)
+        if self.id is not None and (isinstance(self.id, bool) or not isinstance(self.id, int) or self.id < 0):
+            raise ValueError(f"id must be a non-negative integer or None, got {self.id!r}")
+
+
+def stop_id_tuple(stop_ids: object) -> tuple[int, ...]:
+    """Stop ids as a tuple of ints: a collection of ints (a single int is refused, so that a typo
+    like ``stop_ids=7`` is caught instead of failing later inside the engine)."""
+    if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, (Sequence, set, frozenset)):
+        raise ValueError(f"stop_ids must be a collection of token ids such as (7,), got {stop_ids!r}")
+    bad = [x for x in stop_ids if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0]
+    if bad:
+        raise ValueError(f"stop_ids must hold non-negative token ids, got {bad[0]!r} in {stop_ids!r}")
+    return tuple(int(x) for x in stop_ids)
 
 
 @dataclass(frozen=True)
@@ -62,9 +92,16 @@ def lognormal_lengths(n: int, median: float, sigma: float, low: int, high: int, 
     return np.clip(np.round(values), low, high).astype(int).tolist()
 
 
-def chat_trace(n: int, rate: float, prompt_median: float = 96, prompt_sigma: float = 0.8,
-               output_median: float = 64, output_sigma: float = 0.8, max_len: int = 1024,
-               seed: int = 0) -> list[TraceEntry]:  # fmt: skip
+def chat_trace(
+    n: int,
+    rate: float,
+    prompt_median: float = 96,
+    prompt_sigma: float = 0.8,
+    output_median: float = 64,
+    output_sigma: float = 0.8,
+    max_len: int = 1024,
+    seed: int = 0,
+) -> list[TraceEntry]:
     """A chat-like trace: Poisson arrivals at ``rate`` requests/s, lognormal prompt and output
     lengths; every prompt + output fits in ``max_len`` tokens (prompts take at most half)."""
     if max_len < 2:
@@ -118,10 +155,13 @@ def random_prompt(length: int, vocab_size: int, rng: np.random.Generator) -> lis
     return rng.integers(0, vocab_size, size=length).tolist()
 
 
-def requests_from_trace(entries: Sequence[TraceEntry], vocab_size: int, seed: int = 0,
-                        shared_prefix: Sequence[int] = ()) -> list[Request]:  # fmt: skip
+def requests_from_trace(
+    entries: Sequence[TraceEntry], vocab_size: int, seed: int = 0, shared_prefix: Sequence[int] = ()
+) -> list[Request]:
     """Greedy requests with random prompt ids of the trace's lengths; ``shared_prefix`` (e.g. a
     system prompt) is put before every prompt."""
     rng = np.random.default_rng(seed)
-    return [Request([*shared_prefix, *random_prompt(e.prompt_len, vocab_size, rng)], e.output_len, e.arrival, id=i)
-            for i, e in enumerate(entries)]  # fmt: skip
+    return [
+        Request([*shared_prefix, *random_prompt(e.prompt_len, vocab_size, rng)], e.output_len, e.arrival, id=i)
+        for i, e in enumerate(entries)
+    ]

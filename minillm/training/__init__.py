@@ -1,0 +1,3 @@
+"""The bundled corpus (Python's own documentation and standard library), its tokenizer, and the
+training loop that made the two bundled models.
+"""

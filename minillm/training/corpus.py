@@ -20,6 +20,7 @@ import platform
 import sysconfig
 from functools import cache
 from pathlib import Path
+from pydoc_data.topics import topics
 
 import torch
 
@@ -46,8 +47,6 @@ EXCLUDE = {
 
 def stdlib_documents() -> list[tuple[str, str]]:
     """(name, text) for every document of the corpus, read from the running Python."""
-    from pydoc_data.topics import topics
-
     docs = [(f"pydoc:{name}", text.strip() + "\n") for name, text in sorted(topics.items())]
     lib = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(lib.glob("*.py")):

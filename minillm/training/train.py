@@ -19,9 +19,10 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
 
-from ..core.checkpoints import BUNDLED_DIR, save_pretrained
+from ..core.checkpoints import BUNDLED_DIR, load, save_pretrained
 from ..core.config import ModelConfig
 from ..core.device import hardware_description
+from ..core.generate import generate
 from ..core.model import Transformer
 from ..core.tokenizer import Tokenizer
 from . import corpus
@@ -127,8 +128,13 @@ def train_model(
     return model, fit(model, tc, train_ids, valid_ids, progress)
 
 
-def fit(model: Transformer, tc: TrainConfig, train_ids: torch.Tensor, valid_ids: torch.Tensor | None = None,
-        progress: bool = True) -> dict:  # fmt: skip
+def fit(
+    model: Transformer,
+    tc: TrainConfig,
+    train_ids: torch.Tensor,
+    valid_ids: torch.Tensor | None = None,
+    progress: bool = True,
+) -> dict:
     """AdamW with warmup and cosine decay on random windows of ``train_ids``; the model is left in
     eval mode. Returns the log: train loss per step, validation loss every ``eval_every`` steps."""
     model.train()
@@ -201,15 +207,13 @@ def greedy_agreement(draft: Transformer, target: Transformer, ids: torch.Tensor,
     return agree / x.numel()
 
 
-def write_model_card(directory: Path, sample_prompt: str = "def read_config(path):",
-                     compare_with: str | None = None) -> str:  # fmt: skip
+def write_model_card(
+    directory: Path, sample_prompt: str = "def read_config(path):", compare_with: str | None = None
+) -> str:
     """README.md for a bundled model, every figure read from its training log or measured here.
 
     ``compare_with`` names another model (e.g. the target of a draft) whose greedy next-token
     agreement with this one on the validation split is reported."""
-    from ..core.checkpoints import load
-    from ..core.generate import generate
-
     directory = Path(directory)
     log = json.loads((directory / "training_log.json").read_text())
     model, tok = load(directory, device="cpu")

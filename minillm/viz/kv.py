@@ -40,8 +40,14 @@ def plot_kv_vs_weights(configs, dtype: str = "bf16", max_tokens: float = 2e6, ti
         ax.axhline(weight_bytes(cfg, dtype) / 1e9, color=color, ls="--", lw=1, label=f"{cfg.name}: weights")
         n = crossover_tokens(cfg, dtype)
         ax.plot([n], [weight_bytes(cfg, dtype) / 1e9], "o", color=color)
-        ax.annotate(f"{n / 1e3:,.0f}k tokens", (n, weight_bytes(cfg, dtype) / 1e9), textcoords="offset points",
-                    xytext=(6, -12), fontsize=8, color=color)  # fmt: skip
+        ax.annotate(
+            f"{n / 1e3:,.0f}k tokens",
+            (n, weight_bytes(cfg, dtype) / 1e9),
+            textcoords="offset points",
+            xytext=(6, -12),
+            fontsize=8,
+            color=color,
+        )
     ax.set(xlabel="tokens held in the cache (batch x context)", ylabel=f"GB ({dtype})", title=title)
     ax.legend(fontsize=8)
     return fig
@@ -53,8 +59,10 @@ def interactive_kv_calculator():
 
     def show(n_layers: int, n_kv_heads: int, head_dim: int, context: int, batch: int, dtype: str):
         per_token = 2 * n_layers * n_kv_heads * head_dim * BYTES_PER_ELEMENT[dtype]
-        print(f"{format_bytes(per_token)} per token; {format_bytes(per_token * context)} per sequence; "
-              f"{format_bytes(per_token * context * batch)} for the batch")  # fmt: skip
+        print(
+            f"{format_bytes(per_token)} per token; {format_bytes(per_token * context)} per sequence; "
+            f"{format_bytes(per_token * context * batch)} for the batch"
+        )
 
     return widgets.interact(
         show,
@@ -109,7 +117,10 @@ def plot_uptraining(saved: dict, n_heads: int, title: str = ""):
         kind = "MHA, the control" if int(n) == n_heads else ("MQA" if int(n) == 1 else "GQA")
         ax.plot(steps, ppl, "o-", label=f"{n} K/V heads ({kind})")
     ax.set_yscale("log")
-    ax.set(xlabel=f"uptraining step (batch {saved['batch_size']} x {saved['seq_len']} tokens)",
-           ylabel="validation perplexity", title=title)  # fmt: skip
+    ax.set(
+        xlabel=f"uptraining step (batch {saved['batch_size']} x {saved['seq_len']} tokens)",
+        ylabel="validation perplexity",
+        title=title,
+    )
     ax.legend()
     return fig

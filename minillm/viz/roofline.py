@@ -8,8 +8,13 @@ import numpy as np
 from ..measure.roofline import Roofline
 
 
-def plot_roofline(roof: Roofline, points: list[tuple[str, float, float | None]], title: str, ax=None,
-                  intensity_range: tuple[float, float] = (0.1, 1e4)):  # fmt: skip
+def plot_roofline(
+    roof: Roofline,
+    points: list[tuple[str, float, float | None]],
+    title: str,
+    ax=None,
+    intensity_range: tuple[float, float] = (0.1, 1e4),
+):
     """A log-log roofline: the roof, its ridge, and ``points`` as (label, intensity, achieved FLOP/s);
     a point with achieved None is drawn on the roof (its ceiling)."""
     if ax is None:

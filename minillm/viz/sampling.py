@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 import torch
 
+from ..core.config import ceil_div
 from ..core.sampling import SamplingParams, probabilities
 
 
@@ -16,7 +17,7 @@ def sampling_grid(logits: torch.Tensor, labels: Sequence[str], settings: Sequenc
     ``settings`` are SamplingParams keyword dicts, e.g. ``{"temperature": 0.5, "top_p": 0.9}``."""
 
     cols = min(3, len(settings))
-    rows = (len(settings) + cols - 1) // cols
+    rows = ceil_div(len(settings), cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows), sharey=True, squeeze=False)
     for ax, kw in zip(axes.flat, settings):
         probs = probabilities(logits.float(), SamplingParams(**kw))

@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from minillm.bench import gpu as gpu_check
+from minillm.bench.gpu_kernels import attention_flops
+from minillm.bench.report import gpu_slug, result_path
 from minillm.core.cache import KVCache
+from minillm.kv.static import StaticDecodeCache
 from tests.conftest import tiny_model
 
 
@@ -26,8 +29,8 @@ def test_no_gpu_exits_zero_and_writes_nothing(tmp_path, monkeypatch, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path of the command line")
 def test_no_gpu_command_line(tmp_path):
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-m", "minillm.bench.gpu", "--results", str(tmp_path / "r")], cwd=root,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    command = [sys.executable, "-m", "minillm.bench.gpu", "--results", str(tmp_path / "r")]
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "needs a CUDA GPU" in done.stdout
     assert list(tmp_path.iterdir()) == []
@@ -35,15 +38,23 @@ def test_no_gpu_command_line(tmp_path):
 
 @pytest.mark.parametrize(
     "name, slug",
-    [("NVIDIA H200", "h200"), ("Tesla T4", "t4"), ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
-     ("NVIDIA L4", "l4"), ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"), ("  ", "gpu")],
-)  # fmt: skip
+    [
+        ("NVIDIA H200", "h200"),
+        ("Tesla T4", "t4"),
+        ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"),
+        ("  ", "gpu"),
+    ],
+)
 def test_gpu_slug(name, slug):
-    assert gpu_check.gpu_slug(name) == slug
+    """The check's results folder is the results store's own slug of the GPU's name."""
+    assert gpu_slug(name) == slug
 
 
 def test_results_path():
-    assert gpu_check.results_path("NVIDIA H200", "results") == Path("results/h200/gpu_check.json")
+    path = result_path("gpu_check", gpu_slug("NVIDIA H200"), "results")
+    assert path == Path("results/h200/gpu_check.json")
 
 
 def test_datasheet_bandwidth():
@@ -54,26 +65,26 @@ def test_datasheet_bandwidth():
 
 def test_attention_flops_non_causal():
     # 2 matmuls of 2 * T * S * hd FLOPs each, per (batch, head)
-    assert gpu_check.attention_flops(2, 3, 5, 7, 64, causal=False) == 2 * 3 * 4 * 5 * 7 * 64
+    assert attention_flops(2, 3, 5, 7, 64, causal=False) == 2 * 3 * 4 * 5 * 7 * 64
 
 
 def test_attention_flops_causal_counts_the_visible_pairs():
     T, S, hd = 6, 10, 8
     visible = torch.ones(T, S, dtype=torch.bool).tril(S - T).sum().item()  # query i sees keys <= S - T + i
-    assert gpu_check.attention_flops(1, 1, T, S, hd, causal=True) == 4 * hd * visible
-    square = gpu_check.attention_flops(1, 1, 1024, 1024, 64, causal=True)
-    assert square / gpu_check.attention_flops(1, 1, 1024, 1024, 64, causal=False) == pytest.approx(0.5, abs=1e-3)
+    assert attention_flops(1, 1, T, S, hd, causal=True) == 4 * hd * visible
+    square = attention_flops(1, 1, 1024, 1024, 64, causal=True)
+    assert square / attention_flops(1, 1, 1024, 1024, 64, causal=False) == pytest.approx(0.5, abs=1e-3)
 
 
 def test_attention_flops_rejects_more_queries_than_keys():
     with pytest.raises(ValueError, match="q_len <= kv_len"):
-        gpu_check.attention_flops(1, 1, 8, 4, 64, causal=True)
+        attention_flops(1, 1, 8, 4, 64, causal=True)
 
 
 def test_static_decode_cache_gives_the_same_logits_as_the_kv_cache():
     """The fixed-shape cache of the compiled decode section computes what KVCache computes."""
     model = tiny_model()
-    static = gpu_check.StaticDecodeCache(model.config, 1, 16, torch.float32, device="cpu")
+    static = StaticDecodeCache(model.config, 1, 16, torch.float32, device="cpu")
     cache = KVCache.for_model(model, 1, 16)
     with torch.no_grad():
         for i, token in enumerate([3, 14, 15, 92, 65]):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minillm.book import exercises as ex
+from minillm.book import links, nbfiles
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
@@ -30,20 +30,53 @@ def test_toc_lists_exactly_the_chapters_and_exercises_that_exist():
 
 
 def test_links_follow_the_repository_in_config():
-    repo, branch = ex.repository(ROOT / "_config.yml")
+    repo, branch = links.repository(ROOT / "_config.yml")
     for path in NOTEBOOKS:
-        nb = ex.read_notebook(path)
+        nb = nbfiles.read_notebook(path)
         badge_path = f"{'exercises' if path.parent.name == 'solutions' else 'chapters'}/{path.name}"
-        assert ex.dump_notebook(ex.sync_links(nb, badge_path, repo, branch)) == ex.dump_notebook(nb), (
+        assert nbfiles.dump_notebook(links.sync_links(nb, badge_path, repo, branch)) == nbfiles.dump_notebook(nb), (
             f"{path.name}: run `make exercises` to point its links at {repo}"
         )
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_code_for_this_chapter_names_what_the_chapter_imports(path):
+    """The box at the end of the first cell lists exactly the modules the chapter's code imports,
+    each linked to its source, and every linked file exists (the box cannot go stale)."""
+    repo, branch = links.repository(ROOT / "_config.yml")
+    nb = nbfiles.read_notebook(path)
+    first = nbfiles.cell_source(nb["cells"][0])
+    assert links.BOX_START in first, f"{path.name}: no 'Code for this chapter' box; run `make exercises`"
+    assert links.sync_code_box(nb, repo, branch) == nb, f"{path.name}: its code box is stale; run `make exercises`"
+    for module in links.chapter_modules(nb):
+        assert (ROOT / links.module_path(module)).is_file(), module
+
+
+def test_code_box_derives_modules_from_imports_and_attribute_use():
+    code = (
+        "import minillm\nfrom minillm.kv.paged import BlockManager\nfrom minillm import KVCache\n"
+        "from kernels.rmsnorm import rms_norm\nfrom minillm.book import setup\n"
+        "out = minillm.generate(m, ids, 4)\ntext = minillm.training.corpus.load_text('valid')\n"
+    )
+    nb = {"cells": [{"cell_type": "markdown", "source": "# x"}, {"cell_type": "code", "source": code}]}
+    assert links.chapter_modules(nb) == [
+        "kernels.rmsnorm",
+        "minillm.core.cache",
+        "minillm.core.generate",
+        "minillm.kv.paged",
+        "minillm.training.corpus",
+    ]
+    synced = links.sync_code_box(nb, "someone/minillm", "main")
+    box = synced["cells"][0]["source"]
+    assert "[`kv/paged.py`](https://github.com/someone/minillm/blob/main/minillm/kv/paged.py)" in box
+    assert links.sync_code_box(synced, "someone/minillm", "main") == synced  # idempotent
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_every_chapter_has_the_same_frame(path):
-    cells = ex.read_notebook(path)["cells"]
+    cells = nbfiles.read_notebook(path)["cells"]
     first = cells[0]["source"]
-    assert cells[0]["cell_type"] == "markdown" and ex.BADGE.search(first), "starts with an Open in Colab badge"
+    assert cells[0]["cell_type"] == "markdown" and links.BADGE.search(first), "starts with an Open in Colab badge"
     assert "**What you'll learn**" in first
     assert cells[1]["cell_type"] == "code" and '"google.colab" in sys.modules' in cells[1]["source"]
     assert "setup(" in cells[2]["source"], "the first code cell after the install cell calls minillm.book.setup()"
@@ -53,7 +86,7 @@ def test_every_chapter_has_the_same_frame(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.name}-{p.stem}" for p in NOTEBOOKS])
 def test_notebooks_are_saved_with_outputs_and_without_errors(path):
-    code = [c for c in ex.read_notebook(path)["cells"] if c["cell_type"] == "code" and c["source"].strip()]
+    code = [c for c in nbfiles.read_notebook(path)["cells"] if c["cell_type"] == "code" and c["source"].strip()]
     errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{path.name} was saved with an error output"
     assert sum(bool(c.get("outputs")) for c in code) >= len(code) // 2, f"{path.name} was saved without outputs"

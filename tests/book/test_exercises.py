@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minillm.book import checks
+from minillm.book import checks, nbfiles
 from minillm.book import exercises as ex
 from minillm.core.sampling import SamplingParams, probabilities
 
@@ -37,18 +37,18 @@ def test_stubs_replace_regions_and_keep_indentation():
 
 
 def _regions(nb) -> int:
-    return sum(ex.count_regions(ex._cell_source(c)) for c in nb["cells"] if c["cell_type"] == "code")
+    return sum(ex.count_regions(nbfiles.cell_source(c)) for c in nb["cells"] if c["cell_type"] == "code")
 
 
-CASES = [(p, i) for p in SOLUTIONS for i in range(_regions(ex.read_notebook(p)))]
+CASES = [(p, i) for p in SOLUTIONS for i in range(_regions(nbfiles.read_notebook(p)))]
 
 
 @pytest.mark.parametrize("path, region", CASES, ids=[f"{p.stem}-{i}" for p, i in CASES])
 def test_each_check_fails_without_its_solution(path, region):
     """Stub one exercise, keep the others solved: running the notebook must fail."""
-    nb = ex.exercise_notebook(ex.read_notebook(path), only=region)
+    nb = ex.exercise_notebook(nbfiles.read_notebook(path), only=region)
     with pytest.raises(Exception, match="NotImplementedError|CheckFailed"):
-        ex.execute_notebook(nb, cwd=path.parent, timeout=300)
+        nbfiles.execute_notebook(nb, cwd=path.parent, timeout=300)
 
 
 def test_checkers_reject_plausible_wrong_answers():

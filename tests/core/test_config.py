@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from minillm import PRESETS, ModelConfig, RopeScaling, Transformer, preset
+from minillm.core.config import ceil_div
 from tests.conftest import tiny_config
 
 
@@ -47,10 +48,12 @@ def meta_param_count(cfg: ModelConfig) -> int:
         (dict(rope_theta=-1.0), "rope_theta"),
         (dict(rope_scaling={"rope_type": "yarn"}), "rope_type"),
         (dict(rope_scaling={"rope_type": "linear", "factor": 0.0}), "factor"),
-        (dict(rope_scaling={"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 4.0}),
-         "high_freq_factor"),
+        (
+            dict(rope_scaling={"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 4.0}),
+            "high_freq_factor",
+        ),
     ],
-)  # fmt: skip
+)
 def test_invalid_configs_raise_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
         tiny_config(**overrides)
@@ -121,10 +124,18 @@ def test_rope_scaling_dict_becomes_a_dataclass():
 
 @pytest.mark.parametrize(
     "overrides",
-    [dict(), dict(n_kv_heads=1), dict(n_kv_heads=4), dict(head_dim=16), dict(tie_embeddings=True),
-     dict(qkv_bias=True), dict(o_bias=True), dict(mlp_bias=True),
-     dict(qkv_bias=True, o_bias=True, mlp_bias=True, tie_embeddings=True, head_dim=12, n_kv_heads=1)],
-)  # fmt: skip
+    [
+        dict(),
+        dict(n_kv_heads=1),
+        dict(n_kv_heads=4),
+        dict(head_dim=16),
+        dict(tie_embeddings=True),
+        dict(qkv_bias=True),
+        dict(o_bias=True),
+        dict(mlp_bias=True),
+        dict(qkv_bias=True, o_bias=True, mlp_bias=True, tie_embeddings=True, head_dim=12, n_kv_heads=1),
+    ],
+)
 def test_num_params_matches_a_built_model(overrides):
     cfg = tiny_config(**overrides)
     model = Transformer(cfg)
@@ -204,3 +215,8 @@ def test_preset_shapes_are_consistent():
         assert cfg.max_seq_len >= 2048, name
     assert preset("Llama-3-8B").n_rep == 4 and preset("Llama-2-7B").n_rep == 1
     assert preset("Llama-3.2-1B").rope_scaling.rope_type == "llama3"
+
+
+@pytest.mark.parametrize("n, d, expected", [(0, 16, 0), (1, 16, 1), (16, 16, 1), (17, 16, 2), (5, 1, 5)])
+def test_ceil_div(n, d, expected):
+    assert ceil_div(n, d) == expected

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from minillm import RopeScaling, Transformer, random_model
+from minillm.core.attention import attention_mask, attention_reference, attention_sdpa
 from minillm.core.checkpoints import from_hf_state_dict, to_hf_state_dict
-from minillm.core.model import attention_mask, attention_reference, attention_sdpa, rope_inv_freq
+from minillm.core.model import rope_inv_freq
 from tests.conftest import tiny_config, tiny_model
 
 

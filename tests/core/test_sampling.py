@@ -103,9 +103,8 @@ def test_invalid_parameters_raise_naming_the_parameter(kwargs, name):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(temperature=0), dict(temperature=1), dict(temperature=0.7, top_k=1), dict(top_p=1),
-     dict(top_p=1e-9)],
-)  # fmt: skip
+    [dict(temperature=0), dict(temperature=1), dict(temperature=0.7, top_k=1), dict(top_p=1), dict(top_p=1e-9)],
+)
 def test_valid_edge_parameters_are_accepted(kwargs):
     SamplingParams(**kwargs)
 
@@ -145,9 +144,13 @@ def test_top_k_one_is_greedy_at_any_temperature():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(temperature=1.0), dict(temperature=0.8, top_k=10), dict(temperature=1.3, top_p=0.9),
-     dict(temperature=1.0, top_k=20, top_p=0.8)],
-)  # fmt: skip
+    [
+        dict(temperature=1.0),
+        dict(temperature=0.8, top_k=10),
+        dict(temperature=1.3, top_p=0.9),
+        dict(temperature=1.0, top_k=20, top_p=0.8),
+    ],
+)
 def test_same_seed_same_tokens_different_seed_different_tokens(kwargs):
     logits = random_logits(3, shape=(64, 50), scale=1.0)
 
@@ -263,9 +266,14 @@ def test_top_k_per_row_and_large_k():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(temperature=1.0), dict(temperature=0.5), dict(temperature=2.0, top_k=7),
-     dict(temperature=1.0, top_p=0.8), dict(temperature=1.5, top_k=12, top_p=0.7)],
-)  # fmt: skip
+    [
+        dict(temperature=1.0),
+        dict(temperature=0.5),
+        dict(temperature=2.0, top_k=7),
+        dict(temperature=1.0, top_p=0.8),
+        dict(temperature=1.5, top_k=12, top_p=0.7),
+    ],
+)
 def test_probabilities_sum_to_one_and_match_the_definition(kwargs):
     logits = random_logits(8, shape=(3, 30), scale=1.5)
     params = SamplingParams(**kwargs)

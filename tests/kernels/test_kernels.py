@@ -12,16 +12,18 @@ import pytest
 import torch
 
 from minillm import generate
-from minillm.core.model import attention_reference, rms_norm_reference
+from minillm.core.attention import attention_reference
+from minillm.core.model import rms_norm_reference
 from minillm.kv.paged import paged_attention_decode
 from tests.conftest import tiny_model
 
 pytest.importorskip("triton", reason="triton is not installed: the kernel tests need it (or its CPU interpreter)")
 
-from kernels.flash_attention import attention_tiled, flash_attention  # noqa: E402
+from kernels.flash_attention import flash_attention  # noqa: E402
 from kernels.paged_attention import paged_attention_decode_triton  # noqa: E402
 from kernels.rmsnorm import rms_norm  # noqa: E402
 from minillm.core import attention as dispatch  # noqa: E402
+from minillm.core.attention import attention_tiled
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3}

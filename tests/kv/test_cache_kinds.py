@@ -14,17 +14,17 @@ import torch
 
 import minillm
 from minillm import generate
-from minillm.core.cache import (
-    CacheFullError,
+from minillm.core.attention import attention_reference
+from minillm.core.cache import CacheFullError, KVCache
+from minillm.core.model import rope_cos_sin
+from minillm.kv.compressed import (
     CrossLayerKVCache,
-    KVCache,
     QuantizedKVCache,
     SelectiveKVCache,
     SlidingWindowCache,
     dequantize_int8,
     quantize_int8,
 )
-from minillm.core.model import attention_reference, rope_cos_sin
 from tests.conftest import tiny_model
 
 
@@ -91,8 +91,10 @@ def explicit_cross_layer_logits(model, x, group):
         qkv = attn.qkv_proj(layer.input_layernorm(h)).view(B, T, H + 2 * Hkv, hd).transpose(1, 2)
         q = qkv[:, :H] * cos + torch.cat([-qkv[:, :H, :, hd // 2 :], qkv[:, :H, :, : hd // 2]], -1) * sin
         if i % group == 0:  # the owner of the group computes K/V; the others reuse them
-            k = qkv[:, H : H + Hkv] * cos + torch.cat([-qkv[:, H : H + Hkv, :, hd // 2 :],
-                                                       qkv[:, H : H + Hkv, :, : hd // 2]], -1) * sin  # fmt: skip
+            k = (
+                qkv[:, H : H + Hkv] * cos
+                + torch.cat([-qkv[:, H : H + Hkv, :, hd // 2 :], qkv[:, H : H + Hkv, :, : hd // 2]], -1) * sin
+            )
             v = qkv[:, H + Hkv :]
         y = attention_reference(q, k, v, None, causal=True)
         h = h + attn.o_proj(y.transpose(1, 2).reshape(B, T, H * hd))
@@ -258,8 +260,9 @@ def test_tree_mask_lets_each_new_token_see_only_its_branch():
     torch.testing.assert_close(both[:, 3:], model(torch.cat([prefix, b], 1))[:, 6:], atol=2e-5, rtol=1e-4)
     cache.keep_slots(6, [9, 10, 11])  # accept branch b: its K/V move next to the prefix
     nxt = ids(2, seed=25)
-    torch.testing.assert_close(model(nxt, cache=cache), model(torch.cat([prefix, b, nxt], 1))[:, 9:],
-                               atol=2e-5, rtol=1e-4)  # fmt: skip
+    torch.testing.assert_close(
+        model(nxt, cache=cache), model(torch.cat([prefix, b, nxt], 1))[:, 9:], atol=2e-5, rtol=1e-4
+    )
 
 
 def test_tree_mask_shape_and_cache_kind_are_checked():

@@ -1,11 +1,9 @@
-"""Converting MHA to GQA, measuring a cache's effect on loss, and the technique benchmark."""
+"""Converting MHA to GQA (mean-pooled K/V heads), and the options of uptraining."""
 
 import pytest
 import torch
 
-from minillm import KVCache
-from minillm.core.cache import SlidingWindowCache
-from minillm.kv.gqa import decode_tokens_per_s, gqa_heads, kv_benchmark, streaming_loss, techniques, to_gqa
+from minillm.kv.gqa import Uptraining, check_kv_heads, gqa_heads, to_gqa, uptrain_curves
 from tests.conftest import tiny_model
 
 
@@ -33,35 +31,29 @@ def test_gqa_conversion_of_distinct_heads_changes_the_model_and_checks_its_input
         to_gqa(model, 3)
 
 
-def test_streaming_loss_through_a_full_cache_equals_one_forward_and_a_window_raises_it():
-    model = tiny_model(seed=3)
-    text = torch.randint(0, 97, (80,))
-    whole = streaming_loss(model, text)
-    assert streaming_loss(model, text, KVCache.for_model(model, 1, 80), chunk=7) == pytest.approx(whole, rel=1e-5)
-    assert streaming_loss(model, text, SlidingWindowCache.for_model(model, 1, 4), chunk=7) != pytest.approx(whole)
-
-
-def test_benchmark_measures_every_technique_and_its_bytes():
-    cfg = tiny_model(n_heads=4, n_kv_heads=4).config
-    cfg = cfg.replace(max_seq_len=40)  # the benchmark stretches the context for the timed steps
-    rows = kv_benchmark(cfg, contexts=(16, 40), new_tokens=2, repeats=3, chosen=techniques(window=8, budget=8))
-    by = {(r["technique"], r["context"]): r for r in rows}
-    assert len(rows) == 2 * len(techniques())
-    assert all(r["tokens_per_s"] > 0 for r in rows)
-    base = by[("MHA (baseline)", 40)]["kv_bytes"]
-    gqa = by[("GQA (about 1/4 of the K/V heads)", 40)]
-    assert gqa["kv_bytes"] * 2 == base and gqa["kv_heads"] == 2  # 4 heads: 2 is the divisor nearest 4 / 4 above 1
-    assert by[("MQA (1 K/V head)", 40)]["kv_bytes"] * 4 == base
-    assert by[("cross-layer, groups of 2", 40)]["kv_bytes"] * 2 == base
-    assert by[("sliding window 8", 40)]["kv_bytes"] == by[("sliding window 8", 16)]["kv_bytes"] == base * 8 // 40
-
-
 def test_gqa_heads_picks_a_divisor_near_a_quarter():
     assert [gqa_heads(h) for h in (32, 9, 8, 15, 7, 4, 2)] == [8, 3, 2, 3, 1, 2, 1]
 
 
-def test_decode_speed_leaves_a_contiguous_cache_at_its_context():
-    model = tiny_model()
-    cache = KVCache.for_model(model, 2, 64)
-    assert decode_tokens_per_s(model, cache, 30, new_tokens=4, repeats=2) > 0
-    assert cache.length == 30  # the warm-up and every timed repeat were rolled back
+@pytest.mark.parametrize(
+    "field, value",
+    [("steps", 0), ("seq_len", -1), ("batch_size", 1.5), ("steps", True), ("eval_every", 0), ("lr", 0.0)],
+)
+def test_uptraining_options_are_checked_on_construction(field, value):
+    with pytest.raises(ValueError, match=field):
+        Uptraining(**{field: value})
+
+
+def test_uptraining_makes_the_training_config():
+    tc = Uptraining(steps=40, eval_every=10).train_config()
+    assert (tc.steps, tc.batch_size, tc.seq_len, tc.lr, tc.warmup, tc.eval_every) == (40, 8, 128, 5e-4, 4, 10)
+    assert Uptraining(steps=5).train_config().eval_every == 5  # once, at the end, by default
+
+
+def test_head_counts_that_do_not_divide_are_refused_before_any_training():
+    model = tiny_model(n_heads=4, n_kv_heads=4)
+    check_kv_heads(2, model.config)
+    with pytest.raises(ValueError, match="must divide"):
+        check_kv_heads(0, model.config)
+    with pytest.raises(ValueError, match="must divide the model's 4 K/V heads, got 3"):
+        uptrain_curves(model, [2, 3], Uptraining(steps=1), torch.zeros(10, dtype=torch.long), progress=False)

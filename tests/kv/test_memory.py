@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from minillm import KVCache, preset, random_model
-from minillm.core.cache import CrossLayerKVCache, SlidingWindowCache
-from minillm.kv.gqa import hybrid_kv_bytes
+from minillm.kv.compressed import CrossLayerKVCache, SlidingWindowCache
 from minillm.kv.memory import (
     PALM_540B_MHA,
     bytes_per_element,
     crossover_tokens,
     format_bytes,
+    hybrid_kv_bytes,
     kv_bytes_per_token,
     kv_cache_bytes,
     kv_vs_weights,

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minillm.core.attention import attention_mask, attention_reference
 from minillm.core.cache import CacheFullError
-from minillm.core.model import attention_mask, attention_reference
 from minillm.kv.paged import (
     BlockAllocator,
     BlockManager,
@@ -17,7 +17,9 @@ from minillm.kv.paged import (
     block_hash,
     kv_waste,
     paged_attention_decode,
+    slot_mapping,
     table_tensor,
+    token_slot,
 )
 from tests.conftest import tiny_model
 
@@ -33,8 +35,9 @@ def random_tokens(n: int, seed: int) -> list[int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "share", "release", "cache"]), st.integers(0, 10**6)),
-                    max_size=80))  # fmt: skip
+@given(
+    ops=st.lists(st.tuples(st.sampled_from(["alloc", "share", "release", "cache"]), st.integers(0, 10**6)), max_size=80)
+)
 def test_allocator_never_hands_out_a_referenced_block_and_counts_return_to_zero(ops):
     alloc = BlockAllocator(num_blocks=6, block_size=4)
     held: list[int] = []  # one entry per reference we hold
@@ -178,8 +181,12 @@ def test_fork_then_append_copies_the_shared_block_on_write():
 
 
 @settings(max_examples=15, deadline=None)
-@given(lengths=st.lists(st.integers(1, 20), min_size=1, max_size=4), chunk=st.integers(1, 9),
-       block_size=st.sampled_from([1, 3, 4, 8]), seed=st.integers(0, 100))  # fmt: skip
+@given(
+    lengths=st.lists(st.integers(1, 20), min_size=1, max_size=4),
+    chunk=st.integers(1, 9),
+    block_size=st.sampled_from([1, 3, 4, 8]),
+    seed=st.integers(0, 100),
+)
 def test_paged_forward_in_ragged_chunks_equals_the_model_without_a_cache(lengths, chunk, block_size, seed):
     """Rows of different lengths, fed ``chunk`` tokens per forward into scattered blocks, give
     every row the logits of its whole sequence run alone."""
@@ -246,8 +253,6 @@ def test_kv_waste_contiguous_vs_paged():
 
 
 def test_token_slot_agrees_with_slot_mapping():
-    from minillm.kv.paged import slot_mapping, token_slot
-
     table = [7, 2, 9]
     slots = slot_mapping(torch.tensor([table]), torch.arange(12)[None], 4)[0].tolist()
     assert [token_slot(table, i, 4) for i in range(12)] == slots
@@ -260,7 +265,7 @@ def test_plot_block_tables_draws_shared_blocks(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from minillm.kv.paged import plot_block_tables
+    from minillm.viz.paging import plot_block_tables
 
     bm = BlockManager(12, 4)
     system = random_tokens(8, 0)

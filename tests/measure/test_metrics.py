@@ -56,8 +56,12 @@ def test_goodput_example_ten_requests_three_meet_the_slo():
 def test_throughput_counts_input_and_output_separately():
     rs = [RequestMetrics(0.0, [1.0, 2.0], input_tokens=100), RequestMetrics(1.0, [2.0, 3.0, 4.0], input_tokens=50)]
     t = throughput(rs)  # span 0 -> 4 s
-    assert t == {"output_tokens_per_s": 5 / 4, "input_tokens_per_s": 150 / 4, "requests_per_s": 0.5,
-                 "requests_per_min": 30.0}  # fmt: skip
+    assert t == {
+        "output_tokens_per_s": 5 / 4,
+        "input_tokens_per_s": 150 / 4,
+        "requests_per_s": 0.5,
+        "requests_per_min": 30.0,
+    }
 
 
 def test_cost_per_million_tokens_example():

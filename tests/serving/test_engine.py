@@ -3,16 +3,13 @@
 caching and copy-on-write all happening (the counters prove they did); no block leaks; no
 request lost or duplicated; the latency figures follow the clock."""
 
-import json
-import sys
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm import SamplingParams, generate
-from minillm.bench.batching import copy_requests
+from minillm.bench.serving import copy_requests
 from minillm.serving.engine import (
     Engine,
     EngineConfig,
@@ -88,9 +85,14 @@ def test_static_and_dynamic_batching_give_the_same_tokens(policy):
 
 
 @settings(max_examples=20, deadline=None)
-@given(policy=st.sampled_from(["static", "dynamic", "continuous"]), budget=st.sampled_from([None, 4, 9]),
-       block_size=st.sampled_from([1, 2, 4]), prefix_caching=st.booleans(), seed=st.integers(0, 10**4),
-       n=st.integers(1, 7))  # fmt: skip
+@given(
+    policy=st.sampled_from(["static", "dynamic", "continuous"]),
+    budget=st.sampled_from([None, 4, 9]),
+    block_size=st.sampled_from([1, 2, 4]),
+    prefix_caching=st.booleans(),
+    seed=st.integers(0, 10**4),
+    n=st.integers(1, 7),
+)
 def test_any_workload_completes_exactly_once_with_no_leak(policy, budget, block_size, prefix_caching, seed, n):
     if policy != "continuous":
         budget = None
@@ -192,28 +194,12 @@ def test_progress_bar_when_asked(capsys):
     assert "1/1" in capsys.readouterr().err
 
 
-def test_progress_without_tqdm_is_a_printed_line(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # as if tqdm were not installed
-    make_engine().run([Request(tokens(4, i), 2) for i in range(2)], progress=True)
-    assert "2/2 requests done" in capsys.readouterr().out
-
-
-def test_bench_batching_cli(tmp_path, capsys):
-    from minillm.__main__ import main
-
-    out = tmp_path / "bench.json"
-    status = main(["bench", "batching", "--requests", "6", "--max-batch", "3", "--prompt-median", "8",
-                   "--output-median", "6", "--prefix-requests", "3", "--system-len", "32", "--repeats", "1",
-                   "--no-progress", "--json", str(out)])  # fmt: skip
-    assert status == 0
-    text = capsys.readouterr().out
-    assert "continuous / static" in text and "TTFT saving" in text and "block_size" in text
-    figures = json.loads(out.read_text())
-    assert figures["throughput"]["continuous"]["output_tokens_per_s"] > 0
-    assert set(figures["memory_waste"]["rows"][0]) >= {"block_size", "paged_waste_pct", "contiguous_waste_pct"}
-    assert figures["prefix_cache"]["with_cache"]["ttft_ms_mean"] > 0 and "thread" in figures["hardware"]
-    assert main(["bench", "batching", "--requests", "0"]) == 2
-    assert "must be positive" in capsys.readouterr().err
+def test_progress_counts_the_requests_added_before_and_prints_nothing_to_stdout(capsys):
+    engine = make_engine()
+    engine.add_request(Request(tokens(4, 0), 2))
+    engine.run([Request(tokens(4, 1), 2)], progress=True)
+    out = capsys.readouterr()
+    assert "2/2" in out.err and out.out == ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,93 +258,3 @@ def test_simulated_model_keeps_the_schedule_and_the_clock_of_the_real_one():
     assert_no_leak(sim)
     with pytest.raises(ValueError, match="step_cost"):
         Engine(SimulatedModel.like(MODEL), EngineConfig(24, 4))
-
-
-# ---------------------------------------------------------------------------------------------
-# The chapters' helpers in bench_batching
-
-
-def test_rate_sweep_gives_one_row_per_policy_and_rate_and_continuous_wins_under_load():
-    from minillm.bench.batching import capacity, rate_sweep
-    from minillm.measure.metrics import SLO
-
-    cost = StepCost(fixed=5e-3, per_token=5e-4, per_prefill_token=1e-4)
-    peak = capacity(cost, 20, 20, max_batch=4)
-    assert peak == pytest.approx(1 / (20 * cost(4) / 4 + 20 * 1e-4 + 5e-3))
-    rows = rate_sweep(MODEL.config, [0.2 * peak, 2 * peak], cost, SLO(1.0, 0.05), n_requests=30, max_batch=4,
-                      prompt_median=16, output_median=16, max_len=64)  # fmt: skip
-    assert [(r["policy"], r["rate"]) for r in rows] == [(p, r) for r in (0.2 * peak, 2 * peak)
-                                                        for p in ("static", "dynamic", "continuous")]  # fmt: skip
-    by = {(r["policy"], r["rate"]): r for r in rows}
-    assert by["continuous", 2 * peak]["tokens_per_s"] > 1.2 * by["static", 2 * peak]["tokens_per_s"]
-    assert by["continuous", 0.2 * peak]["ttft_p99_ms"] < by["static", 0.2 * peak]["ttft_p99_ms"]
-    assert all(0 <= r["slo_met_pct"] <= 100 and r["goodput_rps"] <= r["requests_per_s"] + 1e-9 for r in rows)
-
-
-def test_interference_workload_and_itl_figures():
-    from minillm.bench.batching import interference_workload, itl_figures
-
-    requests, chatting = interference_workload(VOCAB, n_chat=2, chat_prompt=4, chat_tokens=12, n_long=2,
-                                               long_prompt=40, long_tokens=2, first=0.02, gap=0.05)  # fmt: skip
-    assert chatting == [0, 1] and [len(r.prompt) for r in requests] == [4, 4, 40, 40]
-    assert [r.arrival for r in requests] == pytest.approx([0, 0, 0.02, 0.07])
-    cost = StepCost(fixed=1e-3, per_token=1e-3, per_prefill_token=1e-3)
-    whole = Engine(MODEL, EngineConfig(40, 4, scheduler=SchedulerConfig("continuous", 4), step_cost=cost))
-    chunked = Engine(MODEL, EngineConfig(40, 4, scheduler=SchedulerConfig("continuous", 4, token_budget=8),
-                                         step_cost=cost))  # fmt: skip
-    a, b = itl_figures(whole.run(requests), chatting), itl_figures(chunked.run(copy_requests(requests)), chatting)
-    assert a["itl_max_ms"] > 2 * b["itl_max_ms"]  # a whole 40-token prefill stalls the decodes; chunks of 6 do not
-    assert a["itl_p50_ms"] <= a["itl_p99_ms"] <= a["itl_max_ms"]
-
-
-def test_prefix_sharing_memory_counts_blocks_exactly():
-    from minillm.bench.batching import prefix_sharing_memory
-
-    m = prefix_sharing_memory(MODEL.config, n=4, system_len=32, suffix_len=8, output_len=8, block_size=4)
-    assert m["without_cache"]["peak_blocks"] == 4 * 12 and m["without_cache"]["prefix_hit_tokens"] == 0
-    assert m["with_cache"]["peak_blocks"] == 8 + 4 * 4 and m["with_cache"]["prefix_hit_tokens"] == 3 * 32
-    assert m["saving_pct"] == pytest.approx(50.0)
-
-
-def test_shared_prompt_arithmetic_and_block_size_rows():
-    from minillm import preset
-    from minillm.bench.batching import block_size_rows, gather_times, shared_prompt_savings
-
-    c = preset("Llama-3-8B")
-    s = shared_prompt_savings(c, 1000, 1e6, concurrent=64, dtype="bf16", peak_flops=1e15, mfu=0.5)
-    assert s["prompt_tokens_per_day"] == 1e9 and s["prefill_flops_per_day"] == 2 * c.num_params() * 1e9
-    assert s["accelerator_hours_per_day"] == pytest.approx(2 * c.num_params() * 1e9 / 5e14 / 3600)
-    assert s["kv_bytes_per_copy"] == 131072 * 1000 and s["kv_bytes_unshared"] == 64 * s["kv_bytes_per_copy"]
-    rows = block_size_rows([16, 17, 100], [1, 16, 64], system_len=1000, context=4096)
-    assert [r["shared_system_tokens"] for r in rows] == [1000, 992, 960]
-    assert [r["table_entries"] for r in rows] == [4096, 256, 64] and rows[0]["waste_pct"] == 0.0
-    times = gather_times(MODEL.config, [1, 8], batch=2, context=32, repeats=2)
-    assert set(times) == {1, 8} and all(t > 0 for t in times.values())
-
-
-def test_plots_draw(tmp_path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from minillm.bench.batching import (
-        plot_batch_timeline,
-        plot_itl,
-        plot_latency_throughput,
-        plot_rate_sweep,
-        plot_step_costs,
-        rate_sweep,
-    )
-    from minillm.measure.metrics import SLO
-
-    cost, slo = StepCost(5e-3, 5e-4, 1e-4), SLO(1.0, 0.05)
-    engines = {}
-    for policy in ("static", "continuous"):
-        engines[policy] = Engine(MODEL, EngineConfig(40, 4, scheduler=SchedulerConfig(policy, 3), step_cost=cost))
-        outputs = engines[policy].run(shared_prefix_workload(6))
-    rows = rate_sweep(MODEL.config, [5.0, 50.0], cost, slo, ("static", "continuous"), n_requests=10, max_batch=3,
-                      prompt_median=8, output_median=8, max_len=32)  # fmt: skip
-    figs = [plot_batch_timeline({p: e.step_log for p, e in engines.items()}, 3, "t"),
-            plot_step_costs(engines["continuous"].step_log, cost), plot_rate_sweep(rows, slo),
-            plot_latency_throughput(rows, slo), plot_itl({"run": outputs}, [0, 1])]  # fmt: skip
-    for i, fig in enumerate(figs):
-        fig.savefig(tmp_path / f"{i}.png")

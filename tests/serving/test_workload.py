@@ -47,8 +47,9 @@ def test_traces_round_trip_through_json_and_csv(tmp_path, suffix):
 
 def test_a_recorded_trace_is_sorted_by_arrival_and_bad_entries_are_named(tmp_path):
     path = tmp_path / "t.json"
-    path.write_text(json.dumps([{"arrival": 2, "prompt_len": 3, "output_len": 4},
-                                {"arrival": 1, "prompt_len": 5, "output_len": 6}]))  # fmt: skip
+    path.write_text(
+        json.dumps([{"arrival": 2, "prompt_len": 3, "output_len": 4}, {"arrival": 1, "prompt_len": 5, "output_len": 6}])
+    )
     assert load_trace(path) == [TraceEntry(1.0, 5, 6), TraceEntry(2.0, 3, 4)]
     path.write_text(json.dumps([{"arrival": 0, "prompt_len": 3}]))
     with pytest.raises(ValueError, match=r"entry 0 lacks \['output_len'\]"):

@@ -29,8 +29,12 @@ def check_launch_overhead(fn: Callable) -> None:
 def check_mbu(fn: Callable) -> None:
     """fn(weight_bytes, kv_bytes, tokens_per_s, peak_bytes_per_s) -> MBU as a fraction."""
     name = "MBU"
-    for w, kv, tps, peak in [(16e9, 1e9, 150.0, 3.35e12), (2.6e8, 0.0, 400.0, 2e11),
-                             (140e9, 20e9, 12.0, 4.8e12), (1e6, 5e5, 1e4, 5e10)]:  # fmt: skip
+    for w, kv, tps, peak in [
+        (16e9, 1e9, 150.0, 3.35e12),
+        (2.6e8, 0.0, 400.0, 2e11),
+        (140e9, 20e9, 12.0, 4.8e12),
+        (1e6, 5e5, 1e4, 5e10),
+    ]:
         want, got = (w + kv) * tps / peak, fn(w, kv, tps, peak)
         hint = (
             f"weights {w:.3g} B, KV {kv:.3g} B, {tps} tokens/s, peak {peak:.3g} B/s: expected {want:.4g}, got {got!r}"

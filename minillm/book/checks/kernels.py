@@ -3,11 +3,11 @@ tiles causal attention computes when it skips the blocks above the diagonal."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 
+from ...core.config import ceil_div
 from ...core.model import rms_norm_reference
 from .base import close, passed, require
 
@@ -28,8 +28,11 @@ def check_online_softmax_update(fn: Callable) -> None:
         require(isinstance(out, tuple) and len(out) == 3, name, f"return (m, l, acc), got {type(out).__name__}")
         m, l, acc = out  # noqa: E741
         seen = scores[:, : start + block]
-        require(close(m, seen.amax(-1, keepdim=True)), name,
-                f"after the keys 0..{start + block - 1}, m must be the max of the scores seen so far")  # fmt: skip
+        require(
+            close(m, seen.amax(-1, keepdim=True)),
+            name,
+            f"after the keys 0..{start + block - 1}, m must be the max of the scores seen so far",
+        )
         want_l = torch.exp(seen - seen.amax(-1, keepdim=True)).sum(-1, keepdim=True)
         if not close(l, want_l):
             hint = f"after the keys 0..{start + block - 1}, l must be sum(exp(s - m)) over the scores seen so far"
@@ -38,9 +41,12 @@ def check_online_softmax_update(fn: Callable) -> None:
             require(False, name, hint)
     want = torch.softmax(scores, -1) @ v
     got = acc / l
-    require(close(got, want, atol=1e-8), name,
-            "acc / l differs from softmax(s) @ v: rescale the old acc by exp(m_old - m_new) too, "
-            "then add exp(s - m_new) @ v")  # fmt: skip
+    require(
+        close(got, want, atol=1e-8),
+        name,
+        "acc / l differs from softmax(s) @ v: rescale the old acc by exp(m_old - m_new) too, "
+        "then add exp(s - m_new) @ v",
+    )
     passed(name, f"{S // block} tiles of {block} keys folded one at a time give softmax(s) @ v exactly")
 
 
@@ -73,7 +79,7 @@ def check_triton_rms_norm(fn: Callable) -> None:
 def causal_tile_pairs(T: int, block: int) -> int:
     """(query tile, key tile) pairs causal attention computes on T tokens when it skips the tiles
     above the diagonal: the n (n + 1) / 2 of n = ceil(T / block) query tiles' lower triangle."""
-    n = math.ceil(T / block)
+    n = ceil_div(T, block)
     return n * (n + 1) // 2
 
 
@@ -82,7 +88,7 @@ def check_causal_tiles(fn: Callable) -> None:
     name = "causal block skipping"
     for T, block in [(64, 16), (4096, 128), (1000, 64), (16, 16), (100, 128)]:
         want, got = causal_tile_pairs(T, block), fn(T, block)
-        n = math.ceil(T / block)
+        n = ceil_div(T, block)
         hint = f"T={T}, block={block}: expected {want} tile pairs, got {got!r}"
         if got == n * n:
             hint += ": that is every tile; the tiles whose keys all lie after the tile's last query are skipped"

@@ -30,8 +30,12 @@ def check_allocator(make: Callable) -> None:
     shared = got[1]
     a.incref(shared)  # a second sequence shares it (prefix cache)
     a.decref(shared)
-    require(a.num_free == 0, name, "a block shared by two sequences and released by one is still in use: free it "
-            "only when its reference count reaches 0")  # fmt: skip
+    require(
+        a.num_free == 0,
+        name,
+        "a block shared by two sequences and released by one is still in use: free it "
+        "only when its reference count reaches 0",
+    )
     a.decref(shared)
     require(a.num_free == 1, name, f"released by both, the shared block must be free again, num_free={a.num_free}")
     again = a.allocate()
@@ -45,8 +49,15 @@ def check_allocator(make: Callable) -> None:
 def check_token_slot(fn: Callable) -> None:
     """fn(block_table, position, block_size) -> flat slot index in the pool."""
     name = "token slot"
-    cases = [([7, 2, 9], 0, 4), ([7, 2, 9], 3, 4), ([7, 2, 9], 4, 4), ([7, 2, 9], 10, 4), ([5], 15, 16),
-             ([3, 0, 11, 6], 40, 16), ([1, 2], 1, 1)]  # fmt: skip
+    cases = [
+        ([7, 2, 9], 0, 4),
+        ([7, 2, 9], 3, 4),
+        ([7, 2, 9], 4, 4),
+        ([7, 2, 9], 10, 4),
+        ([5], 15, 16),
+        ([3, 0, 11, 6], 40, 16),
+        ([1, 2], 1, 1),
+    ]
     for table, pos, bs in cases:
         want, got = token_slot(table, pos, bs), fn(list(table), pos, bs)
         hint = f"table {table}, block size {bs}, token {pos}: expected slot {want}, got {got}"
@@ -61,17 +72,26 @@ def check_token_slot(fn: Callable) -> None:
 def check_shared_prefix_blocks(fn: Callable) -> None:
     """fn(n_requests, system_len, own_lens, block_size) -> blocks for all n requests with prefix sharing."""
     name = "prefix-sharing memory"
-    cases = [(4, 32, [8, 8, 8, 8], 16), (3, 40, [5, 20, 1], 16), (2, 1000, [24, 40], 16), (5, 7, [3, 3, 3, 3, 3], 4),
-             (1, 64, [10], 8)]  # fmt: skip
+    cases = [
+        (4, 32, [8, 8, 8, 8], 16),
+        (3, 40, [5, 20, 1], 16),
+        (2, 1000, [24, 40], 16),
+        (5, 7, [3, 3, 3, 3, 3], 4),
+        (1, 64, [10], 8),
+    ]
     for n, system, own, bs in cases:
         shared = system // bs
         want = shared + sum(blocks_for(system + o, bs) - shared for o in own)
         got = fn(n, system, list(own), bs)
-        hint = (f"{n} requests, a {system}-token system prompt, own tokens {own}, block size {bs}: "
-                f"expected {want}, got {got}")  # fmt: skip
+        hint = (
+            f"{n} requests, a {system}-token system prompt, own tokens {own}, block size {bs}: "
+            f"expected {want}, got {got}"
+        )
         if got == blocks_for(system, bs) + sum(blocks_for(o, bs) for o in own):
-            hint += (": only *full* blocks of the system prompt are shared; its last partial block also holds "
-                     "each request's own first tokens")  # fmt: skip
+            hint += (
+                ": only *full* blocks of the system prompt are shared; its last partial block also holds "
+                "each request's own first tokens"
+            )
         elif got == sum(blocks_for(system + o, bs) for o in own):
             hint += ": that is without sharing; the full blocks of the system prompt are stored once"
         require(got == want, name, hint)
@@ -81,8 +101,15 @@ def check_shared_prefix_blocks(fn: Callable) -> None:
 # -- chapter 13 -------------------------------------------------------------------------------
 
 
-def reference_admit(waiting: list[int], n_running: int, free_blocks: int, max_batch: int, block_size: int,
-                    token_budget: int, round_up: bool = True) -> int:  # fmt: skip
+def reference_admit(
+    waiting: list[int],
+    n_running: int,
+    free_blocks: int,
+    max_batch: int,
+    block_size: int,
+    token_budget: int,
+    round_up: bool = True,
+) -> int:
     """How many waiting prompts join (first come, first served: stop at the first that does not fit)."""
     admitted = 0
     for prompt in waiting:
@@ -96,14 +123,24 @@ def reference_admit(waiting: list[int], n_running: int, free_blocks: int, max_ba
 def check_admission(fn: Callable) -> None:
     """fn(waiting_prompt_lens, n_running, free_blocks, max_batch, block_size, token_budget) -> how many join."""
     name = "admission check"
-    cases = [([10, 20, 30], 0, 100, 8, 16, 1000), ([10, 20, 30], 6, 100, 8, 16, 1000), ([40, 5], 0, 2, 8, 16, 1000),
-             ([16, 16, 16], 0, 2, 8, 16, 1000), ([100, 10], 2, 50, 8, 16, 64), ([30, 30, 30], 1, 50, 8, 16, 62),
-             ([], 0, 10, 4, 16, 100), ([17], 0, 1, 4, 16, 100), ([5, 200, 5], 0, 100, 8, 16, 1000)]  # fmt: skip
+    cases = [
+        ([10, 20, 30], 0, 100, 8, 16, 1000),
+        ([10, 20, 30], 6, 100, 8, 16, 1000),
+        ([40, 5], 0, 2, 8, 16, 1000),
+        ([16, 16, 16], 0, 2, 8, 16, 1000),
+        ([100, 10], 2, 50, 8, 16, 64),
+        ([30, 30, 30], 1, 50, 8, 16, 62),
+        ([], 0, 10, 4, 16, 100),
+        ([17], 0, 1, 4, 16, 100),
+        ([5, 200, 5], 0, 100, 8, 16, 1000),
+    ]
     for waiting, running, free, mb, bs, budget in cases:
         want = reference_admit(list(waiting), running, free, mb, bs, budget)
         got = fn(list(waiting), running, free, mb, bs, budget)
-        hint = (f"waiting prompts {waiting}, {running} running, {free} free blocks of {bs}, max batch {mb}, "
-                f"{budget} tokens left in the step: expected {want} to join, got {got}")  # fmt: skip
+        hint = (
+            f"waiting prompts {waiting}, {running} running, {free} free blocks of {bs}, max batch {mb}, "
+            f"{budget} tokens left in the step: expected {want} to join, got {got}"
+        )
         if got == reference_admit(list(waiting), running, free, mb, bs, budget, round_up=False):
             hint += f": a prompt of p tokens needs ceil(p / {bs}) blocks (round up: a partial block is a whole block)"
         elif waiting == [100, 10] and got:

@@ -12,7 +12,7 @@ from minillm.book.checks.kv import (
     check_ring_slots,
     check_users_that_fit,
 )
-from minillm.core.cache import dequantize_int8, quantize_int8
+from minillm.kv.compressed import dequantize_int8, quantize_int8
 from minillm.kv.memory import users_that_fit
 
 

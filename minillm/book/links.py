@@ -1,0 +1,146 @@
+"""Where the book points: one repository URL, named in _config.yml, behind every notebook's Colab
+badge and install cell, and the "Code for this chapter" box that links each chapter to the
+modules it imports."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+
+from .nbfiles import cell_source, dump_notebook, read_notebook
+
+BADGE = re.compile(
+    r"\[!\[Open in Colab\]\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)\]"
+    r"\(https://colab\.research\.google\.com/github/[^)\s]*\)"
+)
+INSTALL = re.compile(r"minillm @ git\+https://github\.com/[^\"'\s]*")
+
+
+def repository(config: Path = Path("_config.yml")) -> tuple[str, str]:
+    """("owner/name", branch) from the book's _config.yml."""
+    import yaml
+
+    repo = yaml.safe_load(Path(config).read_text())["repository"]
+    return repo["url"].removeprefix("https://github.com/").rstrip("/"), repo.get("branch", "main")
+
+
+def colab_badge(repo: str, branch: str, path: str) -> str:
+    return (
+        f"[![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        f"(https://colab.research.google.com/github/{repo}/blob/{branch}/{path})"
+    )
+
+
+def sync_links(nb: dict, badge_path: str, repo: str, branch: str) -> dict:
+    """Point a notebook's Colab badge at ``badge_path`` and its install cell at ``repo``."""
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        src = cell_source(cell)
+        src = BADGE.sub(lambda _: colab_badge(repo, branch, badge_path), src)
+        cell["source"] = INSTALL.sub(f"minillm @ git+https://github.com/{repo}@{branch}", src)
+    return nb
+
+
+# ---------------------------------------------------------------------------------------------
+# "Code for this chapter": the modules a chapter imports, linked to their source
+
+BOX_START = ":::{admonition} Code for this chapter"
+BOX = re.compile(r"\n*^:::\{admonition\} Code for this chapter\n.*?^:::[ \t]*$", re.M | re.S)
+
+
+def _source_module(module: str, name: str) -> str:
+    """Where ``from module import name`` really comes from: the module itself, or, for a name
+    the package re-exports (``from minillm import generate``), the module that defines it."""
+    try:
+        importlib.import_module(f"{module}.{name}")
+        return f"{module}.{name}"  # a submodule
+    except ImportError:
+        pass
+    obj = getattr(importlib.import_module(module), name, None)
+    defined = getattr(obj, "__module__", None)
+    return defined if isinstance(defined, str) and defined.split(".")[0] == module.split(".")[0] else module
+
+
+def _attribute_module(node: ast.Attribute, tree: ast.AST) -> str:
+    """The module behind the longest ``minillm.a.b.c`` chain that ``node`` (``minillm.a``) starts."""
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    chain = ["minillm", node.attr]
+    while isinstance(parents.get(node), ast.Attribute):
+        node = parents[node]
+        chain.append(node.attr)
+    for n in range(len(chain) - 1, 1, -1):
+        module = ".".join(chain[:n])
+        try:
+            spec = importlib.util.find_spec(module)
+        except ModuleNotFoundError:  # a name below a plain module, not a package
+            spec = None
+        if spec is not None:
+            return _source_module(module, chain[n]) if n < len(chain) else module
+    return _source_module("minillm", chain[1])
+
+
+def chapter_modules(nb: dict) -> list[str]:
+    """The project modules (``minillm.*``, ``kernels.*``) a notebook's code cells import, sorted."""
+    found: set[str] = set()
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        lines = cell_source(cell).splitlines()  # IPython magics (%pip, !ls) become `pass`, keeping the indentation
+        code = "\n".join(re.sub(r"^(\s*)[%!].*", r"\1pass", line) for line in lines)
+        tree = ast.parse(code)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("minillm", "kernels"):
+                found.update(_source_module(node.module, alias.name) for alias in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.split(".")[0] in ("minillm", "kernels"))
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "minillm":
+                found.add(_attribute_module(node, tree))  # minillm.generate(...) after `import minillm`
+    # the book's own setup and the table printer appear in every chapter: the box names the topic's code
+    everywhere = ("minillm", "minillm.book", "minillm.bench.report", "minillm.viz.style")
+    return sorted(m for m in found if m not in everywhere and not m.startswith("minillm.book."))
+
+
+def module_path(module: str) -> str:
+    """``minillm.core.generate`` -> ``minillm/core/generate.py`` (a package -> its __init__.py)."""
+    base = module.replace(".", "/")
+    root = Path(__file__).resolve().parents[2]
+    return f"{base}/__init__.py" if (root / base).is_dir() else f"{base}.py"
+
+
+def code_box(modules: list[str], repo: str, branch: str) -> str:
+    """A one-line admonition naming ``modules`` (no leading ``minillm/``), each linked to its source."""
+    links = []
+    for module in modules:
+        path = module_path(module)
+        links.append(f"[`{path.removeprefix('minillm/')}`](https://github.com/{repo}/blob/{branch}/{path})")
+    return f"{BOX_START}\n:class: tip\n{' · '.join(links)}\n:::"
+
+
+def sync_code_box(nb: dict, repo: str, branch: str) -> dict:
+    """The notebook with its first markdown cell ending in the code box of what it imports."""
+    nb = copy.deepcopy(nb)
+    first = next(c for c in nb["cells"] if c["cell_type"] == "markdown")
+    text = BOX.sub("", cell_source(first)).rstrip("\n")
+    modules = chapter_modules(nb)
+    first["source"] = f"{text}\n\n{code_box(modules, repo, branch)}" if modules else text
+    return nb
+
+
+def sync_repository_links(root: Path = Path(".")) -> list[Path]:
+    """Rewrite chapters/ and solutions/ so every link uses _config.yml's repository; return the changed."""
+    repo, branch = repository(root / "_config.yml")
+    changed = []
+    for folder, badge_folder in (("chapters", "chapters"), ("solutions", "exercises")):
+        for path in sorted((root / folder).glob("*.ipynb")):
+            nb = read_notebook(path)
+            synced = sync_links(nb, f"{badge_folder}/{path.name}", repo, branch)
+            if folder == "chapters":
+                synced = sync_code_box(synced, repo, branch)
+            if dump_notebook(synced) != dump_notebook(nb):
+                path.write_text(dump_notebook(synced), encoding="utf-8")
+                changed.append(path)
+    return changed

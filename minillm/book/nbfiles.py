@@ -1,0 +1,33 @@
+"""Reading, writing and running notebooks in the committed format (nbformat 4, one trailing newline)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+
+def cell_source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def read_notebook(path: Path) -> dict:
+    import nbformat
+
+    return nbformat.read(str(path), as_version=4)
+
+
+def dump_notebook(nb: dict) -> str:
+    import nbformat
+
+    return nbformat.writes(nbformat.from_dict(nb)) + "\n"
+
+
+def execute_notebook(nb: dict, cwd: Path, timeout: int = 600) -> dict:
+    """Run every cell of ``nb`` in a fresh kernel (in ``cwd``); raise on the first error."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    node = nbformat.from_dict(copy.deepcopy(nb))
+    NotebookClient(node, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
+    return node

@@ -1,0 +1,83 @@
+"""What counts as a prompt: token ids, checked before anything runs.
+
+Every generator (``generate``, the speculative, lookahead and Medusa decoders, the engine's
+``Request``) accepts exactly: a list of ints, a list of lists of ints, or a 1-D or 2-D integer
+tensor or numpy array. Anything else (floats, strings, bools, empty rows, ids outside the
+vocabulary) is a ``ValueError`` that says what was given and what is expected; nothing is
+silently converted or truncated (a float id 2.7 is not "2").
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+EXPECTED = "token ids: a list of ints, a list of lists of ints, or a 1-D/2-D integer tensor or array"
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _row(row: object, what: str) -> list[int]:
+    if isinstance(row, (str, bytes)):
+        raise ValueError(f"{what} is text ({_describe(row)}); encode it with the tokenizer first: {EXPECTED}")
+    if isinstance(row, (np.ndarray, torch.Tensor)):
+        return token_rows(row)[0] if row.ndim == 1 else _row(list(row), what)
+    if not isinstance(row, Sequence):
+        raise ValueError(f"{what} must be a sequence of ints, got {_describe(row)}; expected {EXPECTED}")
+    bad = [x for x in row if not _is_int(x)]
+    if bad:
+        hint = "; encode text with the tokenizer first" if isinstance(bad[0], (str, bytes)) else ""
+        raise ValueError(f"{what} holds {_describe(bad[0])}, not an int{hint}; expected {EXPECTED}")
+    if len(row) == 0:
+        raise ValueError(f"{what} is empty: every prompt needs at least one token")
+    return [int(x) for x in row]
+
+
+def token_rows(input_ids: object) -> list[list[int]]:
+    """Prompts as lists of ints, one per row, or a ValueError naming what is wrong."""
+    if isinstance(input_ids, (str, bytes)):
+        raise ValueError(f"the prompt is text ({_describe(input_ids)}); encode it with the tokenizer first: {EXPECTED}")
+    if isinstance(input_ids, np.ndarray):
+        input_ids = torch.from_numpy(input_ids) if input_ids.dtype != object else input_ids.tolist()
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dtype in (torch.bool,) or input_ids.is_floating_point() or input_ids.is_complex():
+            raise ValueError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}; expected {EXPECTED}")
+        if input_ids.dim() not in (1, 2):
+            raise ValueError(f"input_ids must be (seq_len,) or (batch, seq_len), got shape {tuple(input_ids.shape)}")
+        if input_ids.numel() == 0:
+            shape = tuple(input_ids.shape)
+            raise ValueError(f"input_ids of shape {shape} is empty: every prompt needs at least one token")
+        rows = input_ids.tolist()
+        return [rows] if input_ids.dim() == 1 else rows
+    if not isinstance(input_ids, Sequence):
+        raise ValueError(f"input_ids must be {EXPECTED}; got {_describe(input_ids)}")
+    if len(input_ids) == 0:
+        raise ValueError("input_ids is empty: every prompt needs at least one token")
+    rows = [isinstance(x, (Sequence, np.ndarray, torch.Tensor)) and not isinstance(x, (str, bytes)) for x in input_ids]
+    if not any(rows):  # one prompt: a list of (what should be) ids
+        return [_row(input_ids, "the prompt")]
+    if not all(rows):
+        raise ValueError(f"input_ids mixes ids and rows ({_describe(input_ids)}); expected {EXPECTED}")
+    return [_row(row, f"prompt {i}") for i, row in enumerate(input_ids)]
+
+
+def check_vocabulary(rows: list[list[int]], vocab_size: int) -> None:
+    """Every id in [0, vocab_size), or a ValueError naming the first row and id outside it."""
+    for i, row in enumerate(rows):
+        low, high = min(row), max(row)
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"token ids must be in the vocabulary [0, {vocab_size}): prompt {i} holds id {bad} "
+                f"(its ids run from {low} to {high})"
+            )

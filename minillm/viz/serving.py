@@ -1,0 +1,179 @@
+"""The plots of serving: chapter 2's request timelines, latency histograms and load sweep, and
+chapter 13's batch timelines, step costs, rate sweeps, latency-throughput curves and token gaps.
+They take what ``measure.trace``, ``serving.engine`` and ``bench.batching`` return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import MaxNLocator
+
+from ..measure.metrics import SLO, RequestMetrics, percentiles
+from ..measure.trace import Service
+from ..serving.engine import StepCost
+
+POLICY_COLORS = {"static": "tab:red", "dynamic": "tab:orange", "continuous": "tab:blue"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 2: one request at a time
+
+
+def plot_latency_histogram(values_ms: Sequence[float], xlabel: str, title: str, ax=None):
+    """A histogram with p50 and p99 marked."""
+    ax = ax or plt.subplots()[1]
+    p = percentiles(values_ms, (50, 99))
+    ax.hist(values_ms, bins=min(30, max(5, len(values_ms) // 3)), color="0.7", edgecolor="white")
+    for key, style in (("p50", "-"), ("p99", "--")):
+        ax.axvline(p[key], color="C3", linestyle=style, label=f"{key} = {p[key]:.1f} ms")
+    ax.set(xlabel=xlabel, ylabel="requests", title=title)
+    ax.legend()
+    return ax
+
+
+def plot_timeline(requests: Sequence[RequestMetrics], services: Sequence[Service], title: str, ax=None):
+    """One row per request: waiting in the queue (light), prefill to the first token (dark), decode."""
+    ax = ax or plt.subplots()[1]
+    for i, (r, s) in enumerate(zip(requests, services)):
+        start = r.token_times[0] - s.token_offsets[0]
+        ax.barh(i, 1e3 * (start - r.arrival), left=1e3 * r.arrival, color="0.85", label="queued" if i == 0 else None)
+        first = "prefill + first token" if i == 0 else None
+        ax.barh(i, 1e3 * s.token_offsets[0], left=1e3 * start, color="C3", label=first)
+        decode = "decode" if i == 0 else None
+        ax.barh(i, 1e3 * (r.finish - r.token_times[0]), left=1e3 * r.token_times[0], color="C0", label=decode)
+    ax.invert_yaxis()
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="time since the first arrival (ms)", ylabel="request (in arrival order)", title=title)
+    ax.legend(loc="upper right")
+    return ax
+
+
+def plot_load_sweep(rows: Sequence[dict], slo: SLO, title: str, ax=None):
+    """Served requests/s and goodput against the offered request rate."""
+    ax = ax or plt.subplots()[1]
+    x = [r["offered_rps"] for r in rows]
+    ax.plot(x, [r["served_rps"] for r in rows], "o-", label="throughput (requests/s)")
+    good = f"goodput (TTFT <= {1e3 * slo.ttft:.0f} ms, TPOT <= {1e3 * slo.tpot:.0f} ms)"
+    ax.plot(x, [r["goodput_rps"] for r in rows], "s-", label=good)
+    ax.set(xlabel="offered load (requests/s)", ylabel="requests per second", title=title)
+    ax.set_ylim(0, 1.35 * max(r["served_rps"] for r in rows))  # room for the legend above the curves
+    ax.legend(loc="upper left")
+    return ax
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 13: batching policies
+
+
+def plot_batch_timeline(step_logs: dict, max_batch: int, title: str = ""):
+    """Who rides in each batch row at each step: one panel per policy, one color per request,
+    padding rows (finished members of a static batch, still computed) hatched gray."""
+    fig, axes = plt.subplots(len(step_logs), 1, figsize=(10, 1.1 + 0.45 * max_batch * len(step_logs)), sharex=True)
+    axes = np.atleast_1d(axes)
+    cmap = plt.get_cmap("tab20")
+    for ax, (name, log) in zip(axes, step_logs.items()):
+        for r in log:
+            x, w = 1e3 * r.start, 1e3 * r.duration
+            for row, (rid, n) in enumerate(r.work):
+                ax.broken_barh([(x, w)], (row + 0.1, 0.8), color=cmap(rid % 20), alpha=1.0 if n == 1 else 0.55)
+            for row in range(len(r.work), len(r.work) + r.padding_rows):
+                ax.broken_barh([(x, w)], (row + 0.1, 0.8), facecolor="none", edgecolor="gray", hatch="////", lw=0)
+        ax.set(ylim=(0, max_batch), ylabel="batch row", yticks=range(max_batch))
+        ax.set_title(f"{name}: {len(log)} steps", fontsize=10, loc="left")
+        ax.grid(False)
+    axes[-1].set_xlabel("time (ms, simulated)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_step_costs(records: Sequence, cost: StepCost, title: str = ""):
+    """Measured step durations beside the fitted cost: decode-only steps against their rows,
+    prefill-only steps against their prompt tokens."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    decode = [r for r in records if r.prefill_tokens == 0]
+    prefill = [r for r in records if r.decode_rows == 0]
+    ax1.plot([r.decode_rows for r in decode], [1e3 * r.duration for r in decode], ".", alpha=0.4, label="measured step")
+    b = np.arange(1, max([r.decode_rows for r in decode], default=1) + 1)
+    fit = f"fit: {1e3 * cost.fixed:.1f} ms + {1e3 * cost.per_token:.2f} ms/row"
+    ax1.plot(b, 1e3 * (cost.fixed + cost.per_token * b), "k-", label=fit)
+    ax1.set(xlabel="decode rows in the step (batch)", ylabel="step time (ms)", title="decode steps")
+    ms = [1e3 * r.duration for r in prefill]
+    ax2.plot([r.prefill_tokens for r in prefill], ms, ".", alpha=0.6, label="measured step")
+    t = np.linspace(0, max([r.prefill_tokens for r in prefill], default=1), 50)
+    fit = f"fit: {1e3 * cost.fixed:.1f} ms + {1e3 * cost.prefill_rate:.3f} ms/token"
+    ax2.plot(t, 1e3 * (cost.fixed + cost.prefill_rate * t), "k-", label=fit)
+    ax2.set(xlabel="prompt tokens in the step", ylabel="step time (ms)", title="prefill-only steps")
+    ax1.legend()
+    ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_rate_sweep(rows: Sequence[dict], slo: SLO, title: str = ""):
+    """Four panels against the request rate, one line per policy: throughput, p99 TTFT and p99
+    TPOT (with the SLO's bounds) and goodput."""
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
+    panels = [
+        ("tokens_per_s", "output tokens/s", None),
+        ("ttft_p99_ms", "TTFT p99 (ms)", 1e3 * slo.ttft),
+        ("tpot_p99_ms", "TPOT p99 (ms)", 1e3 * slo.tpot),
+        ("goodput_rps", "goodput (requests/s in SLO)", None),
+    ]
+    for ax, (key, label, bound) in zip(axes.flat, panels):
+        for policy in dict.fromkeys(r["policy"] for r in rows):
+            mine = [r for r in rows if r["policy"] == policy]
+            x, y = [r["rate"] for r in mine], [r[key] for r in mine]
+            ax.plot(x, y, "o-", color=POLICY_COLORS.get(policy), label=policy)
+        if bound is not None:
+            ax.axhline(bound, color="gray", ls="--", lw=1, label="SLO")
+        if key == "ttft_p99_ms":
+            ax.set_yscale("log")
+        ax.set(ylabel=label)
+    for ax in axes[1]:
+        ax.set_xlabel("offered load (requests/s)")
+    axes[0, 0].legend()
+    axes[0, 1].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_latency_throughput(rows: Sequence[dict], slo: SLO, title: str = ""):
+    """The latency-throughput curve: each point one request rate, p99 TTFT and p50 TPOT against
+    the throughput achieved; a policy is better where its curve lies lower and further right."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["rate"])
+        x = [r["tokens_per_s"] for r in mine]
+        ax1.plot(x, [r["ttft_p99_ms"] for r in mine], "o-", color=POLICY_COLORS.get(policy), label=policy)
+        ax2.plot(x, [r["tpot_p50_ms"] for r in mine], "o-", color=POLICY_COLORS.get(policy), label=policy)
+    ax1.axhline(1e3 * slo.ttft, color="gray", ls="--", lw=1, label="SLO")
+    ax2.axhline(1e3 * slo.tpot, color="gray", ls="--", lw=1, label="SLO (p99 bound)")
+    ax1.set(xlabel="throughput (output tokens/s)", ylabel="TTFT p99 (ms)", yscale="log")
+    ax2.set(xlabel="throughput (output tokens/s)", ylabel="TPOT p50 (ms)")
+    ax1.legend()
+    ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_itl(runs: dict, ids: Sequence[int], title: str = ""):
+    """Each output token's gap since the previous one (ms) against time, for the requests ``ids``,
+    one panel per run (e.g. with and without chunked prefill)."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), sharey=True)
+    for ax, (name, outputs) in zip(np.atleast_1d(axes), runs.items()):
+        for o in outputs:
+            if o.request.id in set(ids):
+                t = o.metrics.token_times
+                ax.plot(t[1:], [1e3 * g for g in o.metrics.itl], ".-", ms=3, lw=0.6)
+        ax.set(xlabel="time (s, measured)", title=name)
+    np.atleast_1d(axes)[0].set_ylabel("gap before each token (ms)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
