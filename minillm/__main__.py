@@ -29,6 +29,7 @@ from .core.hf_config import config_from_hf
 from .core.model import Transformer
 from .core.sampling import SamplingParams
 from .core.tokenizer import StreamDecoder
+from .decoding.medusa_train import MedusaTrainConfig, train_medusa
 from .kv.gqa import Uptraining, uptrain_curves
 from .training.corpus import DATA_DIR, build_corpus
 from .training.train import TOKENIZER_DIR, encode_split, train_bundled, train_tokenizer
@@ -152,13 +153,10 @@ def cmd_train_gqa(args: argparse.Namespace) -> int:
 
 
 def cmd_train_medusa(args: argparse.Namespace) -> int:
-    from .decoding.medusa import MedusaTrainConfig, train_medusa
-
-    if min(args.steps, args.heads, args.sequences) < 1:
-        raise CliError("--steps, --heads and --sequences must be positive integers")
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
     with bad_input():
         config = MedusaTrainConfig(n_heads=args.heads, steps=args.steps, n_sequences=args.sequences)
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    with bad_input():
         out = train_medusa(args.model, args.out, config)
     print(f"Medusa heads written to {out}")
     return 0

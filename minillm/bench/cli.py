@@ -15,6 +15,7 @@ from ..core.device import set_threads_from_env
 from ..core.hf_config import config_from_hf
 from . import generation as bench
 from .batching import BatchingBench, bench_batching, check_goals, format_batching
+from .decoding import DecodingBench, bench_decoding, format_decoding
 from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
 
 
@@ -62,16 +63,18 @@ def cmd_bench_kv(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_decoding(args: argparse.Namespace) -> int:
-    from .decoding import bench_decoding, format_decoding
-
-    if min(args.repeats, args.new_tokens, args.prompts, args.prompt_len, args.k) < 1:
-        raise CliError("--repeats, --new-tokens, --prompts, --prompt-len and --k must be positive integers")
     device = parse_device(args.device) or default_device()
-    print(f"greedy, speculative, prompt lookup, lookahead and Medusa decoding of {args.target} ({device})...",
-          file=sys.stderr, flush=True)  # fmt: skip
     with bad_input():
-        result = bench_decoding(args.target, args.draft, args.prompts, args.prompt_len, args.new_tokens,
-                                args.repeats, args.k, device)  # fmt: skip
+        options = DecodingBench(
+            args.target, args.draft, args.prompts, args.prompt_len, args.new_tokens, args.repeats, args.k, device
+        )
+    print(
+        f"greedy, speculative, prompt lookup, lookahead and Medusa decoding of {args.target} ({device})...",
+        file=sys.stderr,
+        flush=True,
+    )
+    with bad_input():
+        result = bench_decoding(options)
     print(format_decoding(result))
     if args.json:
         write_json(args.json, result)

@@ -25,7 +25,7 @@ from ..core.checkpoints import load, resolve
 from ..core.generate import generate
 from ..core.model import Transformer
 from ..core.tokenizer import Tokenizer
-from ..training import corpus
+from ..training.corpus import corpus_prompt
 from .report import finish_provenance, format_table, provenance
 from .timing import interleaved, repeat
 
@@ -70,19 +70,6 @@ def _check_counts(repeats: int, new_tokens: int) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Prompts and timing
-
-
-def corpus_prompt(tokenizer: Tokenizer, length: int) -> list[int]:
-    """The first ``length`` tokens of the corpus' validation split: real text, not random ids."""
-    text = corpus.load_text("valid")
-    n_chars = 8 * length
-    ids = tokenizer.encode(text[:n_chars])
-    while len(ids) < length and n_chars < len(text):
-        n_chars *= 2
-        ids = tokenizer.encode(text[:n_chars])
-    if len(ids) < length:
-        raise ValueError(f"the validation text is only {len(ids)} tokens long; asked for a {length}-token prompt")
-    return ids[:length]
 
 
 def make_prompt(model: Transformer, tokenizer: Tokenizer | None, length: int) -> tuple[list[int], str]:

@@ -35,7 +35,7 @@ from ..core.cache import KVCache
 from ..core.device import synchronize
 from ..core.generate import check_request, resolve_eos
 from ..core.model import Transformer
-from .speculative import DecodingResult, DecodingStats, single_prompt, stop_at_eos
+from .common import DecodingResult, DecodingStats, single_prompt, stop_at_eos
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,9 @@ class LookaheadTrace:
 
     def record_before(self, decoder: LookaheadDecoder, root: int) -> None:
         self.pool = decoder.pool
-        self.steps.append({"root": root, "window": decoder.window.tolist(),
-                           "candidates": decoder.pool.candidates(root)})  # fmt: skip
+        self.steps.append(
+            {"root": root, "window": decoder.window.tolist(), "candidates": decoder.pool.candidates(root)}
+        )
 
     def record_after(self, decoder: LookaheadDecoder, accepted: list[int], next_token: int) -> None:
         self.steps[-1] |= {"accepted": accepted, "next": next_token, "pool_size": len(decoder.pool)}
@@ -190,19 +191,25 @@ class LookaheadTrace:
 
 
 @torch.inference_mode()
-def lookahead_generate(model: Transformer, input_ids, max_new_tokens: int, window: int = 5, ngram: int = 4,
-                       max_candidates: int = 5, seed: int = 0, eos_token_id="config",
-                       trace: LookaheadTrace | None = None) -> DecodingResult:  # fmt: skip
+def lookahead_generate(
+    model: Transformer,
+    input_ids,
+    max_new_tokens: int,
+    config: LookaheadConfig = LookaheadConfig(),
+    eos_token_id="config",
+    trace: LookaheadTrace | None = None,
+) -> DecodingResult:
     """Greedy lookahead decoding: the same tokens as greedy ``generate``, in fewer forwards when
     the pool's n-grams are right. ``stats.k`` is N-1: the longest candidate. A ``trace`` records
     every step (and keeps the pool) to look at afterwards."""
-    config = LookaheadConfig(window, ngram, max_candidates, seed)
     prompt = single_prompt(input_ids)
     check_request([prompt], max_new_tokens, model.config)
     if len(prompt) + max_new_tokens + config.tokens_per_forward() > model.config.max_seq_len:
-        raise ValueError(f"prompt of {len(prompt)} + {max_new_tokens} new tokens + {config.tokens_per_forward()} "
-                         f"tokens per forward exceeds max_seq_len={model.config.max_seq_len}; "
-                         "use a smaller window, ngram or max_candidates")  # fmt: skip
+        raise ValueError(
+            f"prompt of {len(prompt)} + {max_new_tokens} new tokens + {config.tokens_per_forward()} "
+            f"tokens per forward exceeds max_seq_len={model.config.max_seq_len}; "
+            "use a smaller window, ngram or max_candidates"
+        )
     eos = set(resolve_eos(eos_token_id, model.config))
     stats = DecodingStats(config.levels)
     synchronize(model.device)
@@ -253,47 +260,3 @@ def jacobi_iterations(
         if guesses[-1] == guesses[-2]:
             break
     return guesses
-
-
-# ---------------------------------------------------------------------------------------------
-# Pictures for chapter 9
-
-
-def plot_jacobi(guesses: list[list[int]], target: list[int], labels: list[str] | None = None, title: str = ""):
-    """Jacobi iterations as a grid, one row per iteration: green where the guess already has greedy's
-    token, a dark edge on the confirmed prefix (every token before it right too)."""
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Rectangle
-
-    right = torch.tensor([[g == t for g, t in zip(guess, target)] for guess in guesses])  # (iters, n)
-    fig, ax = plt.subplots(figsize=(0.62 * len(target) + 1.5, 0.3 * len(guesses) + 1.2))
-    ax.imshow(right.numpy(), cmap=ListedColormap(["#f2f2f2", "#8fd18b"]), vmin=0, vmax=1, aspect="auto")
-    for it, guess in enumerate(guesses):
-        prefix = next((i for i, ok in enumerate(right[it].tolist()) if not ok), len(target))
-        if prefix:
-            ax.add_patch(Rectangle((-0.5, it - 0.5), prefix, 1, fill=False, ec="black", lw=1.5))
-        if labels is not None:
-            for i, token in enumerate(guess):
-                ax.text(i, it, labels[token][:6], ha="center", va="center", fontsize=6)
-    ax.set(xlabel="position in the block of new tokens", ylabel="Jacobi iteration (0 = initial guess)", title=title)
-    ax.grid(False)
-    return fig
-
-
-def plot_lookahead_trace(trace: LookaheadTrace, title: str = ""):
-    """Two panels over the steps of one run: tokens accepted from the pool, and the pool's size."""
-    import matplotlib.pyplot as plt
-
-    steps = range(len(trace.steps))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
-    ax1.bar(steps, trace.accepted_lengths, color="tab:green", width=1.0)
-    ax1.set(xlabel="step (one forward)", ylabel="pool tokens accepted", title="accepted per step (+1 of its own)")
-    ax2.plot(steps, [s["pool_size"] for s in trace.steps], color="tab:blue")
-    ax2.plot(steps, [len(s["candidates"]) for s in trace.steps], ".", color="tab:orange", ms=3,
-             label="n-grams verified that step")  # fmt: skip
-    ax2.set(xlabel="step (one forward)", ylabel="n-grams", title="n-grams in the pool")
-    ax2.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig

@@ -14,13 +14,9 @@ p and q are the distributions the sampler would draw from (temperature, top-k, t
 greedy decoding makes both one-hot, and the same rule then accepts exactly on argmax agreement.
 Rejected positions are rolled back with ``KVCache.truncate``.
 
-Two drafters share that verification:
-
-- ``DraftModelDrafter``: a small model with its own KV cache, run K times per round.
-- ``PromptLookupDrafter``: no model at all. The last n tokens are looked up in the prompt and
-  the text so far, and the tokens that followed their latest earlier occurrence are proposed
-  (prompt-lookup decoding, Saxena 2023; inference with reference, Yang et al. 2023). It wins
-  where the output copies its input: code edits, quoting a document, summaries.
+Here: the rule, the loop around any ``Drafter`` (``draft_and_verify``), the draft-model drafter
+(``speculative_generate``), and what to expect from an acceptance rate alpha (tokens per forward,
+speedup). The drafter without a model, prompt lookup, is in ``prompt_lookup``.
 
 Batch size 1 only: rows of a batch accept different numbers of tokens.
 """
@@ -28,9 +24,7 @@ Batch size 1 only: rows of a batch accept different numbers of tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -41,65 +35,18 @@ from ..core.device import synchronize
 from ..core.generate import check_request, resolve_eos
 from ..core.model import Transformer
 from ..core.sampling import SamplingParams, probabilities
+from .common import (
+    DecodingResult,
+    DecodingStats,
+    Drafter,
+    check_k,
+    common_prefix,
+    modeled_speedup,
+    single_prompt,
+    stop_at_eos,
+)
 
-
-@dataclass
-class DecodingStats:
-    """What a draft-and-verify decoder did: how much the target accepted, and at what cost."""
-
-    k: int  # proposals per round, at most
-    reached: list[int] = field(default_factory=list)  # per draft position: rounds that got to check it
-    accepted: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
-    target_forwards: int = 0  # forwards of the target; the first also prefills the prompt, as in generate
-    draft_forwards: int = 0  # forwards of a draft model, if any
-    new_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        self.reached = self.reached or [0] * self.k
-        self.accepted = self.accepted or [0] * self.k
-
-    def record(self, proposed: int, n_accepted: int, emitted: int) -> None:
-        """One verification: ``proposed`` tokens checked left to right, the first ``n_accepted`` kept."""
-        for i in range(min(proposed, n_accepted + 1)):
-            self.reached[i] += 1
-        for i in range(n_accepted):
-            self.accepted[i] += 1
-        self.target_forwards += 1
-        self.new_tokens += emitted
-
-    @property
-    def acceptance_rates(self) -> list[float]:
-        """Per draft position i: P(accept i | all before i accepted); nan where never reached."""
-        return [a / r if r else float("nan") for a, r in zip(self.accepted, self.reached)]
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Proposed tokens accepted per verification (0 to K; the target's own token not counted)."""
-        return sum(self.accepted) / self.target_forwards if self.target_forwards else float("nan")
-
-    @property
-    def tokens_per_target_forward(self) -> float:
-        """New tokens per verification forward: 1 for plain decoding, up to K + 1 here."""
-        return self.new_tokens / self.target_forwards if self.target_forwards else float("nan")
-
-    def as_dict(self) -> dict:
-        return {"k": self.k, "acceptance_rates": self.acceptance_rates,
-                "mean_accepted_length": self.mean_accepted_length,
-                "tokens_per_target_forward": self.tokens_per_target_forward,
-                "target_forwards": self.target_forwards, "draft_forwards": self.draft_forwards,
-                "new_tokens": self.new_tokens}  # fmt: skip
-
-
-@dataclass
-class DecodingResult:
-    tokens: Tensor  # (1, N) the new token ids, EOS included if one was made
-    stats: DecodingStats
-    seconds: float  # wall time of the whole call, prefill included
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens.shape[1] / self.seconds
-
+GREEDY = SamplingParams()
 
 # ---------------------------------------------------------------------------------------------
 # The acceptance rule
@@ -138,31 +85,8 @@ def accept_draft_tokens(
     return n, draw(dist, generator)
 
 
-def expected_tokens_per_forward(alpha: float, k: int) -> float:
-    """(1 - alpha^(k+1)) / (1 - alpha): tokens per target forward when each proposal is accepted
-    independently with probability alpha (Leviathan et al. 2023, eq. 1); k + 1 when alpha = 1."""
-    if not 0 <= alpha <= 1:
-        raise ValueError(f"alpha must be a probability, got {alpha!r}")
-    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Expected speedup over plain decoding when a draft forward costs ``cost_ratio`` target forwards
-    and verifying k + 1 tokens costs one: tokens per forward / (k * cost_ratio + 1) (their theorem 3.8)."""
-    return expected_tokens_per_forward(alpha, k) / (k * cost_ratio + 1)
-
-
 # ---------------------------------------------------------------------------------------------
-# Drafters
-
-
-class Drafter(Protocol):
-    """Proposes up to k tokens after ``tokens``, with the distributions (k, V) they were drawn
-    from, or None when the proposal is deterministic (then q is one-hot on it)."""
-
-    forwards: int
-
-    def propose(self, tokens: list[int], k: int) -> tuple[list[int], Tensor | None]: ...
+# The draft model
 
 
 class DraftModelDrafter:
@@ -196,63 +120,20 @@ class DraftModelDrafter:
         return draft, torch.stack(qs)  # (k,), (k, V)
 
 
-class PromptLookupDrafter:
-    """Proposes what followed the latest earlier occurrence of the last n tokens (n from
-    ``max_ngram`` down to ``min_ngram``) in the prompt and the text so far; nothing if none."""
-
-    forwards = 0
-
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-
-    def propose(self, tokens: list[int], k: int) -> tuple[list[int], None]:
-        return lookup_continuation(tokens, k, self.max_ngram, self.min_ngram), None
-
-
-def lookup_continuation(tokens: Sequence[int], k: int, max_ngram: int, min_ngram: int = 1) -> list[int]:
-    """Up to k tokens that followed the latest earlier match of the last n tokens (longest n first)."""
-    t = torch.as_tensor(tokens)
-    for n in range(min(max_ngram, len(t) - 1), min_ngram - 1, -1):
-        windows = t[:-1].unfold(0, n, 1)  # (L-n, n): every n-gram that has a token after it
-        hits = (windows == t[-n:]).all(dim=1).nonzero()
-        if len(hits):
-            start = int(hits[-1]) + n
-            return t[start : start + k].tolist()
-    return []
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
-
-
 # ---------------------------------------------------------------------------------------------
 # The loop
 
 
-def check_k(k: int) -> None:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k (tokens proposed per round) must be a positive integer, got {k!r}")
-
-
-def single_prompt(input_ids) -> list[int]:
-    """A prompt as a list of ids; batch size 1 only: rows of a batch would accept different counts."""
-    if isinstance(input_ids, Tensor):
-        if input_ids.dim() == 2 and input_ids.shape[0] != 1:
-            raise ValueError(f"these decoders take batch size 1, got input_ids of shape {tuple(input_ids.shape)}")
-        return input_ids.flatten().tolist()
-    if len(input_ids) and not isinstance(input_ids[0], int):
-        if len(input_ids) != 1:
-            raise ValueError(f"these decoders take batch size 1, got {len(input_ids)} prompts")
-        return list(input_ids[0])
-    return list(input_ids)
-
-
 @torch.inference_mode()
-def draft_and_verify(target: Transformer, drafter: Drafter, prompt: list[int], max_new_tokens: int, k: int,
-                     params: SamplingParams, eos_token_id="config") -> DecodingResult:  # fmt: skip
+def draft_and_verify(
+    target: Transformer,
+    drafter: Drafter,
+    prompt: list[int],
+    max_new_tokens: int,
+    k: int,
+    params: SamplingParams,
+    eos_token_id="config",
+) -> DecodingResult:
     """The speculative loop around any drafter; the target keeps all tokens but the last cached."""
     check_request([prompt], max_new_tokens, target.config)
     eos, generator = set(resolve_eos(eos_token_id, target.config)), params.generator(target.device)
@@ -280,43 +161,34 @@ def draft_and_verify(target: Transformer, drafter: Drafter, prompt: list[int], m
     return DecodingResult(new, stats, time.perf_counter() - t0)
 
 
-def stop_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    return next((tokens[: i + 1] for i, t in enumerate(tokens) if t in eos), tokens)
-
-
-def speculative_generate(target: Transformer, draft: Transformer, input_ids, max_new_tokens: int, k: int = 4,
-                         temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                         seed: int | None = None, eos_token_id="config") -> DecodingResult:  # fmt: skip
+def speculative_generate(
+    target: Transformer,
+    draft: Transformer,
+    input_ids,
+    max_new_tokens: int,
+    k: int = 4,
+    sampling: SamplingParams = GREEDY,
+    eos_token_id="config",
+) -> DecodingResult:
     """Speculative decoding with a draft model: K proposals per round, verified by ``target``.
 
-    The tokens follow the target's own distribution (greedy: exactly ``generate``'s tokens).
-    The two models must share a tokenizer (the same vocabulary). Batch size 1.
+    The tokens follow the target's own distribution under ``sampling`` (greedy by default: exactly
+    ``generate``'s tokens). The two models must share a tokenizer (the same vocabulary). Batch size 1.
     """
     if draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"draft and target must share a vocabulary, got {draft.config.vocab_size} "
-                         f"and {target.config.vocab_size} tokens")  # fmt: skip
+        raise ValueError(
+            f"draft and target must share a vocabulary, got {draft.config.vocab_size} "
+            f"and {target.config.vocab_size} tokens"
+        )
     check_k(k)
-    params = SamplingParams(temperature, top_k, top_p, seed)
     prompt = single_prompt(input_ids)
-    draft_params = SamplingParams(temperature, top_k, top_p, None if seed is None else seed + 1)  # its own stream
-    drafter = DraftModelDrafter(draft, params, len(prompt) + max_new_tokens + k, draft_params.generator(draft.device))
-    return draft_and_verify(target, drafter, prompt, max_new_tokens, k, params, eos_token_id)
-
-
-def prompt_lookup_generate(model: Transformer, input_ids, max_new_tokens: int, k: int = 8, max_ngram: int = 3,
-                           min_ngram: int = 1, temperature: float = 0.0, top_k: int | None = None,
-                           top_p: float | None = None, seed: int | None = None,
-                           eos_token_id="config") -> DecodingResult:  # fmt: skip
-    """Prompt-lookup decoding: proposals copied from the prompt and the text so far, verified
-    exactly as speculative decoding's (a deterministic proposal has q one-hot). Batch size 1."""
-    check_k(k)
-    params = SamplingParams(temperature, top_k, top_p, seed)
-    drafter = PromptLookupDrafter(max_ngram, min_ngram)
-    return draft_and_verify(model, drafter, single_prompt(input_ids), max_new_tokens, k, params, eos_token_id)
+    draft_params = replace(sampling, seed=None if sampling.seed is None else sampling.seed + 1)  # its own stream
+    drafter = DraftModelDrafter(draft, sampling, len(prompt) + max_new_tokens + k, draft_params.generator(draft.device))
+    return draft_and_verify(target, drafter, prompt, max_new_tokens, k, sampling, eos_token_id)
 
 
 # ---------------------------------------------------------------------------------------------
-# What to expect: acceptance from distributions, speedup from measured costs, overlap of a copy
+# What to expect: acceptance from distributions, tokens per forward and speedup from alpha
 
 
 def acceptance_probability(p: Tensor, q: Tensor) -> Tensor:
@@ -325,24 +197,24 @@ def acceptance_probability(p: Tensor, q: Tensor) -> Tensor:
     return torch.minimum(p, q).sum(-1)
 
 
+def expected_tokens_per_forward(alpha: float, k: int) -> float:
+    """(1 - alpha^(k+1)) / (1 - alpha): tokens per target forward when each proposal is accepted
+    independently with probability alpha (Leviathan et al. 2023, eq. 1); k + 1 when alpha = 1."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be a probability, got {alpha!r}")
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Expected speedup over plain decoding when a draft forward costs ``cost_ratio`` target forwards
+    and verifying k + 1 tokens costs one: tokens per forward / (k * cost_ratio + 1) (their theorem 3.8)."""
+    return expected_tokens_per_forward(alpha, k) / (k * cost_ratio + 1)
+
+
 def predicted_speedup(alpha: float, k: int, draft_ms: float, target_ms: dict[int, float]) -> float:
     """``expected_speedup`` with measured costs: a round is k draft forwards of one token plus one
-    target forward of k + 1 tokens (``target_ms[k + 1]``), plain decoding one of one (``target_ms[1]``)."""
+    target forward of k + 1 tokens (``target_ms[k + 1]``), plain decoding one of one (``target_ms[1]``);
+    the cost model of ``common.modeled_speedup`` at the widths measured."""
     if 1 not in target_ms or k + 1 not in target_ms:
         raise ValueError(f"need the target's cost at widths 1 and {k + 1}, got widths {sorted(target_ms)}")
-    return expected_tokens_per_forward(alpha, k) * target_ms[1] / (k * draft_ms + target_ms[k + 1])
-
-
-def copyable_fraction(prompt: Sequence[int], output: Sequence[int], n: int = 3) -> float:
-    """The share of ``output``'s tokens that an n-gram lookup could have copied: the n tokens
-    before it, followed by it, appear earlier in the prompt or the output so far."""
-    if n < 1:
-        raise ValueError(f"n must be positive, got {n}")
-    tokens, seen, hits = list(prompt) + list(output), set(), 0
-    for i in range(len(tokens)):
-        gram = tuple(tokens[i - n : i + 1]) if i >= n else None
-        if i >= len(prompt) and gram in seen:
-            hits += 1
-        if gram is not None:
-            seen.add(gram)
-    return hits / len(output) if len(output) else float("nan")
+    return modeled_speedup(expected_tokens_per_forward(alpha, k), k + 1, target_ms, k, {1: draft_ms})

@@ -2,9 +2,10 @@
 
 import pytest
 
-from minillm.bench.decoding import cost_at, forward_widths, modeled_speedup
+from minillm.bench.decoding import forward_widths
+from minillm.decoding.common import cost_at, modeled_speedup
 from minillm.decoding.lookahead import LookaheadConfig, lookahead_generate
-from minillm.decoding.medusa import MedusaTree, medusa_generate
+from minillm.decoding.medusa import MedusaOptions, MedusaTree, medusa_generate
 from tests.conftest import tiny_model
 from tests.decoding.test_medusa import random_heads
 from tests.decoding.test_speculative import random_prompt
@@ -31,8 +32,8 @@ def test_forward_widths_of_medusa_and_lookahead():
     model, heads = tiny_model(), random_heads()
     prompts = [random_prompt(5, s) for s in range(2)]
     tree = MedusaTree.product((2, 2))
-    widths = forward_widths({"target": model}, lambda p: medusa_generate(model, heads, p, 12, tree=tree,
-                                                                         eos_token_id=None), prompts)  # fmt: skip
+    method = lambda p: medusa_generate(model, heads, p, 12, MedusaOptions(tree), eos_token_id=None)
+    widths = forward_widths({"target": model}, method, prompts)
     assert set(widths["target"]) == {len(tree)}
     widths = forward_widths({"target": model}, lambda p: lookahead_generate(model, p, 12, eos_token_id=None), prompts)
     base = 1 + LookaheadConfig().levels * LookaheadConfig().window

@@ -30,7 +30,7 @@ def test_greedy_equals_generate(window, ngram, candidates):
     model = tiny_model(seed=0)
     for seed in range(6):
         prompt = random_prompt(1 + 4 * seed, 200 + seed)
-        result = lookahead_generate(model, prompt, 30, window, ngram, candidates, eos_token_id=None)
+        result = lookahead_generate(model, prompt, 30, LookaheadConfig(window, ngram, candidates), eos_token_id=None)
         assert result.tokens[0].tolist() == greedy(model, prompt, 30, eos_token_id=None), seed
 
 
@@ -49,7 +49,9 @@ def test_converging_model_accepts_whole_ngrams():
     V = 7
     cycle = torch.eye(V).roll(1, dims=1) * 5
     model = MarkovModel(cycle.expand(128, V, V) + torch.randn(128, V, V, generator=torch.Generator().manual_seed(0)))
-    result = lookahead_generate(model, [0, 1, 2], 60, window=4, ngram=4, max_candidates=3, eos_token_id=None)
+    result = lookahead_generate(
+        model, [0, 1, 2], 60, LookaheadConfig(window=4, ngram=4, max_candidates=3), eos_token_id=None
+    )
     assert result.tokens[0].tolist() == [(3 + i) % V for i in range(60)]
     assert result.stats.tokens_per_target_forward > 3.0  # up to 4 = N-1 + 1
     assert result.stats.acceptance_rates[-1] > 0.8
@@ -91,14 +93,15 @@ def test_pool_keeps_the_most_recent_continuations():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        (dict(window=0), "window"),
-        (dict(ngram=1), "ngram"),
-        (dict(max_candidates=0), "max_candidates"),
-        (dict(input_ids=[[1, 2], [3, 4]]), "batch size 1"),
-        (dict(max_new_tokens=100), "max_seq_len"),
-    ],
+    "kwargs, match", [(dict(window=0), "window"), (dict(ngram=1), "ngram"), (dict(max_candidates=0), "max_candidates")]
+)
+def test_bad_config_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LookaheadConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match", [(dict(input_ids=[[1, 2], [3, 4]]), "batch size 1"), (dict(max_new_tokens=100), "max_seq_len")]
 )
 def test_bad_input_raises(kwargs, match):
     args = dict(input_ids=[1, 2, 3], max_new_tokens=10) | kwargs

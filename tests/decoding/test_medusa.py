@@ -5,24 +5,25 @@ import pytest
 import torch
 
 from minillm import KVCache, generate, load
+from minillm.__main__ import main
 from minillm.core.checkpoints import BUNDLED_DIR
 from minillm.core.sampling import SamplingParams
 from minillm.decoding.medusa import (
     HEADS_FILE,
     MedusaHeads,
-    MedusaTrainConfig,
+    MedusaOptions,
     MedusaTree,
-    draw_tree,
-    fit_heads,
     greedy_accepts,
-    head_targets,
-    head_topk_accuracy,
     longest_accepted_path,
     medusa_generate,
-    plot_mask,
-    shifted_targets,
-    tree_layout,
     typical_accepts,
+)
+from minillm.decoding.medusa_train import (
+    MedusaTrainConfig,
+    fit_heads,
+    head_targets,
+    head_topk_accuracy,
+    shifted_targets,
 )
 from tests.conftest import tiny_model
 from tests.decoding.test_speculative import MarkovModel, random_prompt
@@ -126,7 +127,7 @@ def test_greedy_equals_generate(tree):
     tree = MedusaTree(tree) if isinstance(tree, list) else tree
     for seed in range(6):
         prompt = random_prompt(1 + 4 * seed, 300 + seed)
-        result = medusa_generate(model, heads, prompt, 30, tree=tree, eos_token_id=None)
+        result = medusa_generate(model, heads, prompt, 30, MedusaOptions(tree), eos_token_id=None)
         assert result.tokens[0].tolist() == greedy(model, prompt, 30, eos_token_id=None), seed
 
 
@@ -136,7 +137,7 @@ def test_stops_at_eos_like_generate():
     model = tiny_model(eos_token_id=eos)
     expected = greedy(model, prompt, 30)
     assert expected[-1] == eos
-    assert medusa_generate(model, random_heads(), prompt, 30, tree=(3, 2)).tokens[0].tolist() == expected
+    assert medusa_generate(model, random_heads(), prompt, 30, MedusaOptions((3, 2))).tokens[0].tolist() == expected
 
 
 class CycleModel(MarkovModel):
@@ -158,13 +159,17 @@ class OracleHeads(MedusaHeads):
 
     def forward(self, hidden, lm_head, n=None):
         V = hidden.shape[-1]
-        return torch.stack([torch.nn.functional.one_hot((hidden.argmax(-1) + 1 + k) % V, V).float()
-                            for k in range(1, (n or self.n_heads) + 1)])  # fmt: skip
+        return torch.stack(
+            [
+                torch.nn.functional.one_hot((hidden.argmax(-1) + 1 + k) % V, V).float()
+                for k in range(1, (n or self.n_heads) + 1)
+            ]
+        )
 
 
 def test_oracle_heads_are_accepted_at_every_level():
     model, heads = CycleModel(), OracleHeads(9, 3)
-    result = medusa_generate(model, heads, [0, 1], 33, tree=(2, 2, 2), eos_token_id=None)
+    result = medusa_generate(model, heads, [0, 1], 33, MedusaOptions((2, 2, 2)), eos_token_id=None)
     assert result.tokens[0].tolist() == [(2 + i) % 9 for i in range(33)]
     assert result.stats.acceptance_rates == [1.0, 1.0, 1.0]
     assert result.stats.target_forwards == 9  # the prefill's token, then 8 forwards of 4 tokens
@@ -173,11 +178,13 @@ def test_oracle_heads_are_accepted_at_every_level():
 def test_typical_acceptance_samples_and_accepts_more_with_a_low_threshold():
     model, heads = tiny_model(seed=0, std=0.05), random_heads(std=0.05)  # flat distributions
     prompt = random_prompt(6, 2)
-    strict = medusa_generate(model, heads, prompt, 40, tree=(3, 2), acceptance="typical", temperature=1.0,
-                             seed=0, epsilon=1.0, delta=1e9, eos_token_id=None)  # fmt: skip
+    sampling = SamplingParams(temperature=1.0, seed=0)
+    strict = MedusaOptions((3, 2), "typical", sampling, epsilon=1.0, delta=1e9)
+    strict = medusa_generate(model, heads, prompt, 40, strict, eos_token_id=None)
     assert strict.stats.tokens_per_target_forward == 1.0  # threshold 1: nothing is ever accepted
-    loose = medusa_generate(model, heads, prompt, 40, tree=(3, 2), acceptance="typical", temperature=1.0,
-                            seed=0, epsilon=0.0, delta=0.0, eos_token_id=None)  # fmt: skip
+    loose = medusa_generate(
+        model, heads, prompt, 40, MedusaOptions((3, 2), "typical", sampling, epsilon=0.0, delta=0.0), eos_token_id=None
+    )
     assert loose.stats.acceptance_rates == [1.0, 1.0]  # threshold 0: the first path always passes
     assert loose.stats.target_forwards == 14  # the prefill's token, then 13 forwards of 3
     assert loose.tokens.shape == (1, 40)
@@ -188,15 +195,35 @@ def test_typical_acceptance_samples_and_accepts_more_with_a_low_threshold():
     [
         (dict(acceptance="exact"), "acceptance"),
         (dict(acceptance="typical"), "temperature"),
-        (dict(tree=(2, 2, 2, 2, 2)), "heads"),
+        (dict(sampling=0.7), "sampling"),
+        (dict(epsilon=-0.1), "epsilon"),
+        (dict(delta=-1.0), "delta"),
+        (dict(tree=(0, 2)), "paths"),
+    ],
+)
+def test_bad_options_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MedusaOptions(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(options=MedusaOptions((2, 2, 2, 2, 2))), "heads"),
         (dict(input_ids=[[1, 2], [3, 4]]), "batch size 1"),
         (dict(max_new_tokens=120), "max_seq_len"),
     ],
 )
 def test_bad_input_raises(kwargs, match):
-    args = dict(input_ids=[1, 2, 3], max_new_tokens=10, tree=(3, 2)) | kwargs
+    args = dict(input_ids=[1, 2, 3], max_new_tokens=10, options=MedusaOptions((3, 2))) | kwargs
     with pytest.raises(ValueError, match=match):
         medusa_generate(tiny_model(), random_heads(), **args)
+
+
+@pytest.mark.parametrize("field", ["n_heads", "n_sequences", "prompt_len", "new_tokens", "steps", "batch_size", "lr"])
+def test_bad_train_config_names_the_field(field):
+    with pytest.raises(ValueError, match=field):
+        MedusaTrainConfig(**{field: 0})
 
 
 # --- the heads ----------------------------------------------------------------------------------
@@ -250,8 +277,6 @@ def test_bundled_heads_are_lossless_and_accepted():
 
 
 def test_cli_train_medusa_writes_heads_that_load(tmp_path, monkeypatch):
-    from minillm.__main__ import main
-
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the command takes 2; test workers share the CPU
     argv = ["train", "medusa", "--heads", "2", "--steps", "2", "--sequences", "4", "--out", str(tmp_path)]
     assert main(argv) == 0
@@ -266,7 +291,7 @@ def test_cli_train_medusa_writes_heads_that_load(tmp_path, monkeypatch):
 def test_trace_records_the_tree_and_the_accepted_path():
     model, heads, tree = tiny_model(), random_heads(), MedusaTree.product((3, 2))
     trace = []
-    result = medusa_generate(model, heads, random_prompt(6, 4), 20, tree=tree, eos_token_id=None, trace=trace)
+    result = medusa_generate(model, heads, random_prompt(6, 4), 20, MedusaOptions(tree), eos_token_id=None, trace=trace)
     assert len(trace) == result.stats.target_forwards - 1  # the prefill makes the first token
     for step in trace:
         assert len(step["tokens"]) == len(tree) and step["path"][0] == 0
@@ -290,19 +315,3 @@ def test_shifted_targets_match_head_targets():
     for k in range(1, 4):
         assert torch.equal(shifted_targets(seqs, 1 + k, 2), targets[k - 1])
     assert shifted_targets(seqs, 1, 2)[0].tolist() == [-100, 2, 3, 4, 5, -100]
-
-
-def test_tree_layout_and_drawings():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    tree = MedusaTree.product((3, 2, 1))
-    xy = tree_layout(tree)
-    assert [x for x, _ in xy] == tree.depths.tolist()
-    for i in range(1, len(tree)):  # a parent sits within its children's span
-        kids = [y for j, (_, y) in enumerate(xy) if tree.parents[j] == i]
-        assert not kids or min(kids) <= xy[i][1] <= max(kids)
-    ax = draw_tree(tree, accepted=[0, 1, 4])
-    assert len(ax.texts) == len(tree)
-    ax = plot_mask(tree.attention_mask())
-    assert ax.images[0].get_array().shape == (len(tree), len(tree))

@@ -8,21 +8,28 @@ only, behind the same forward/KV-cache interface. Its exact joint distribution o
 three tokens is a product of three table rows, computed here with numpy.
 """
 
+import json
+
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
 from torch import nn
 
+import minillm
 from minillm import generate
+from minillm.__main__ import main
+from minillm.bench.decoding import measure_forward_ms
+from minillm.bench.lookup import copy_task_prompts, lookup_by_task, summarize_by_task
+from minillm.bench.speculative import speculative_sweep, teacher_forced_acceptance
+from minillm.core.sampling import SamplingParams
 from minillm.decoding import speculative as spec
+from minillm.decoding.common import DecodingStats
+from minillm.decoding.prompt_lookup import copyable_fraction, lookup_continuation, prompt_lookup_generate
 from minillm.decoding.speculative import (
-    DecodingStats,
     accept_draft_tokens,
     expected_speedup,
     expected_tokens_per_forward,
-    lookup_continuation,
-    prompt_lookup_generate,
     speculative_generate,
 )
 from tests.conftest import tiny_config, tiny_model
@@ -157,10 +164,10 @@ def test_stats_count_reached_and_accepted_positions():
         (lambda t, d: speculative_generate(t, d, [[1, 2], [3, 4]], 5), "batch size 1"),
         (lambda t, d: speculative_generate(t, d, torch.ones(2, 3, dtype=torch.long), 5), "batch size 1"),
         (lambda t, d: speculative_generate(t, tiny_model(vocab_size=50), [1, 2], 5), "vocabulary"),
-        (lambda t, d: speculative_generate(t, d, [1, 2], 5, temperature=-1.0), "temperature"),
+        (lambda t, d: speculative_generate(t, d, [1, 2], 5, sampling=SamplingParams(temperature=-1.0)), "temperature"),
         (lambda t, d: speculative_generate(t, d, [1, 2], 0), "max_new_tokens"),
         (lambda t, d: prompt_lookup_generate(t, [1, 2], 5, max_ngram=1, min_ngram=2), "min_ngram"),
-        (lambda t, d: prompt_lookup_generate(t, [1, 2], 5, top_p=1.5, temperature=1.0), "top_p"),
+        (lambda t, d: prompt_lookup_generate(t, [1, 2], 5, sampling=SamplingParams(1.0, top_p=1.5)), "top_p"),
     ],
 )
 def test_bad_input_raises(pair, call, match):
@@ -221,8 +228,8 @@ def joint_pvalue(target, draft, temperature=1.0, top_k=None, n=N_SAMPLES) -> flo
     torch.manual_seed(0)  # seed=None draws from the global generator: one stream for all n runs
     counts = np.zeros((V, V, V))
     for _ in range(n):
-        t = speculative_generate(target, draft, [0], 3, k=2, temperature=temperature, top_k=top_k,
-                                 eos_token_id=None).tokens[0]  # fmt: skip
+        sampling = SamplingParams(temperature=temperature, top_k=top_k)
+        t = speculative_generate(target, draft, [0], 3, k=2, sampling=sampling, eos_token_id=None).tokens[0]
         counts[tuple(t.tolist())] += 1
     expected = exact_joint(target, 0, temperature, top_k).ravel() * n
     support = expected > 0
@@ -252,13 +259,23 @@ def test_the_distribution_test_rejects_a_wrong_rule(monkeypatch):
 def test_cli_bench_decoding_writes_every_method(tmp_path, capsys):
     """``python -m minillm bench decoding`` on the bundled pair, tiny sizes: every method present,
     every method's greedy tokens equal plain greedy's, the figures in the JSON file."""
-    import json
-
-    from minillm.__main__ import main
-
     out = tmp_path / "bench_decoding.json"
-    argv = ["bench", "decoding", "--prompts", "1", "--prompt-len", "16", "--new-tokens", "12", "--repeats", "1",
-            "--device", "cpu", "--json", str(out)]  # fmt: skip
+    argv = [
+        "bench",
+        "decoding",
+        "--prompts",
+        "1",
+        "--prompt-len",
+        "16",
+        "--new-tokens",
+        "12",
+        "--repeats",
+        "1",
+        "--device",
+        "cpu",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     figures = json.loads(out.read_text())
     methods = [row["method"].split(" (")[0] for row in figures["rows"]]
@@ -270,8 +287,6 @@ def test_cli_bench_decoding_writes_every_method(tmp_path, capsys):
 
 
 def test_cli_bench_decoding_rejects_bad_counts(capsys):
-    from minillm.__main__ import main
-
     assert main(["bench", "decoding", "--k", "0"]) == 2
     assert "--k" in capsys.readouterr().err
 
@@ -295,16 +310,14 @@ def test_predicted_speedup_reduces_to_the_simple_model():
 
 
 def test_copyable_fraction_counts_what_a_lookup_could_copy():
-    assert spec.copyable_fraction([1, 2, 3, 4, 5], [1, 2, 3, 4], n=2) == 0.5  # 3 and 4 follow (1, 2), (2, 3)
-    assert spec.copyable_fraction([1, 2, 3, 4, 5, 1, 2], [3, 4, 9], n=2) == 2 / 3
-    assert spec.copyable_fraction([7], [1, 2, 1, 2, 1, 2], n=1) == 3 / 6  # from its own output: (1, 2) (2, 1) (1, 2)
+    assert copyable_fraction([1, 2, 3, 4, 5], [1, 2, 3, 4], n=2) == 0.5  # 3 and 4 follow (1, 2), (2, 3)
+    assert copyable_fraction([1, 2, 3, 4, 5, 1, 2], [3, 4, 9], n=2) == 2 / 3
+    assert copyable_fraction([7], [1, 2, 1, 2, 1, 2], n=1) == 3 / 6  # from its own output: (1, 2) (2, 1) (1, 2)
     with pytest.raises(ValueError, match="n must"):
-        spec.copyable_fraction([1], [1], n=0)
+        copyable_fraction([1], [1], n=0)
 
 
 def test_teacher_forced_acceptance_is_one_for_a_self_draft(pair):
-    from minillm.bench.decoding import teacher_forced_acceptance
-
     target, draft = pair
     ids = random_prompt(40, 5)
     assert teacher_forced_acceptance(target, target, ids, (0.0, 0.5, 1.0)) == pytest.approx({0.0: 1, 0.5: 1, 1.0: 1})
@@ -313,8 +326,6 @@ def test_teacher_forced_acceptance_is_one_for_a_self_draft(pair):
 
 
 def test_speculative_sweep_rows(pair):
-    from minillm.bench.decoding import speculative_sweep
-
     target, draft = pair
     prompts = [random_prompt(8, 1), random_prompt(8, 2)]
     rows = speculative_sweep(target, draft, prompts, 12, ks=(1, 3), temperatures=(0.0, 1.0))
@@ -327,9 +338,6 @@ def test_speculative_sweep_rows(pair):
 
 
 def test_copy_tasks_and_lookup_by_task():
-    import minillm
-    from minillm.bench.decoding import copy_task_prompts, lookup_by_task, summarize_by_task
-
     model, tokenizer = minillm.load("minillm-target", device="cpu")
     tasks = copy_task_prompts(model, tokenizer, n=1, prompt_len=16, new_tokens=4)
     assert list(tasks) == ["free", "rewrite a function", "regenerate an answer"]
@@ -342,24 +350,7 @@ def test_copy_tasks_and_lookup_by_task():
     assert [s["task"] for s in summary] == list(tasks) and all(0 <= s["copyable"] <= 1 for s in summary)
 
 
-def test_plots_draw(pair):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from minillm.bench import decoding as db
-
-    rows = [{"k": k, "alpha": 0.6, "tokens_per_target_forward": 2.0, "speedup": 1.1} for k in (1, 2, 3)]
-    assert db.plot_speculative_sweep(rows, {"model": [1.2, 1.3, 1.4]}, title="t")
-    assert db.plot_acceptance_vs_temperature({0.0: 0.5, 1.0: 0.6}, {0.0: 0.65}, title="t")
-    assert db.plot_speedup_map(3, {"draft": (0.6, 0.2), "self": (0.99, 1.0)}, title="t")
-    task_rows = [{"task": t, "copyable": c, "speedup": 1 + c, "tokens_per_target_forward": 1 + 2 * c}
-                 for t, c in [("free", 0.1), ("copy", 0.8)]]  # fmt: skip
-    assert db.plot_lookup_by_task(task_rows, title="t")
-
-
-def test_forward_costs_one_positive_time_per_width(pair):
-    from minillm.bench.decoding import forward_costs
-
+def test_measure_forward_ms_one_positive_time_per_width(pair):
     target, _ = pair
-    costs = forward_costs(target, sizes=(1, 4), prefix=8, repeats=2)
+    costs = measure_forward_ms(target, sizes=(1, 4), prefix=8, repeats=2)
     assert set(costs) == {1, 4} and all(0 < ms < float("inf") for ms in costs.values())

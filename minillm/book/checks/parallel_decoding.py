@@ -25,8 +25,9 @@ def _tolist(x) -> list | None:
 
 def small_model(seed: int = 0) -> Transformer:
     """A random model small enough to check against in a second, with decisive argmaxes."""
-    config = ModelConfig(vocab_size=61, dim=32, n_layers=2, n_heads=4, ffn_dim=64, max_seq_len=64,
-                         eos_token_id=None, name="check")  # fmt: skip
+    config = ModelConfig(
+        vocab_size=61, dim=32, n_layers=2, n_heads=4, ffn_dim=64, max_seq_len=64, eos_token_id=None, name="check"
+    )
     return Transformer(config).init_weights(seed=seed, std=0.3).eval()
 
 
@@ -41,8 +42,11 @@ def check_jacobi_step(fn: Callable, model: Transformer | None = None) -> None:
         guess = torch.randint(0, V, (n,), generator=gen).tolist()
         want, got = jacobi_step(model, prompt, guess), _tolist(fn(model, prompt, guess))
         where = f"prompt of {prompt_len}, guess of {n}"
-        require(got is not None and len(got) == n, name,
-                f"{where}: the new guess has as many tokens as the old one ({n}), got {got}")  # fmt: skip
+        require(
+            got is not None and len(got) == n,
+            name,
+            f"{where}: the new guess has as many tokens as the old one ({n}), got {got}",
+        )
         hint = f"{where}: expected {want}, got {got}"
         with torch.inference_mode():
             logits = model(torch.tensor([prompt + guess]))[0]
@@ -74,9 +78,12 @@ def check_window_update(fn: Callable) -> None:
         elif ngrams == [tuple(window[:, i].tolist()) for i in range(width)]:
             hint += ": each n-gram ends with the column's new guess top[i]"
         require(ngrams == want_ngrams, name, hint)
-        require(hasattr(new_window, "shape") and torch.equal(torch.as_tensor(new_window), want_window), name,
-                f"{where}: the new window drops the oldest level (row 0) and appends top as the newest row: "
-                f"expected {want_window.tolist()}, got {_tolist(new_window)}")  # fmt: skip
+        require(
+            hasattr(new_window, "shape") and torch.equal(torch.as_tensor(new_window), want_window),
+            name,
+            f"{where}: the new window drops the oldest level (row 0) and appends top as the newest row: "
+            f"expected {want_window.tolist()}, got {_tolist(new_window)}",
+        )
     passed(name, "one n-gram per column (its levels, then the new guess); the window moves down one level")
 
 

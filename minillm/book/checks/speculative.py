@@ -8,12 +8,9 @@ from collections.abc import Callable
 
 import torch
 
-from ...decoding.speculative import (
-    copyable_fraction,
-    expected_tokens_per_forward,
-    lookup_continuation,
-    predicted_speedup,
-)
+from ...core.generate import generate
+from ...decoding.prompt_lookup import copyable_fraction, lookup_continuation
+from ...decoding.speculative import expected_tokens_per_forward, predicted_speedup
 from .base import close, passed, require
 
 
@@ -57,10 +54,12 @@ def check_greedy_accept(fn: Callable) -> None:
     logits = torch.randn(5, 11, generator=g)
     best = logits.argmax(-1)
     other = (best + 1) % 11
-    cases = [(best[:4], 4, int(best[4])),
-             (torch.stack([best[0], other[1], best[2], best[3]]), 1, int(best[1])),
-             (other[:4], 0, int(best[0])),
-             (torch.stack([best[0], best[1], best[2], other[3]]), 3, int(best[3]))]  # fmt: skip
+    cases = [
+        (best[:4], 4, int(best[4])),
+        (torch.stack([best[0], other[1], best[2], best[3]]), 1, int(best[1])),
+        (other[:4], 0, int(best[0])),
+        (torch.stack([best[0], best[1], best[2], other[3]]), 3, int(best[3])),
+    ]
     for draft, n, token in cases:
         got = fn(logits.clone(), draft.clone())
         require(isinstance(got, tuple) and len(got) == 2, name, f"return (accepted count, next token), got {got!r}")
@@ -87,8 +86,12 @@ def check_accept_step(fn: Callable) -> None:
         accepted += n
     freq = counts / n_draws
     a = float(torch.minimum(p[0], q[0]).sum())
-    require(abs(accepted / n_draws - a) < 0.02, name, f"accepted {accepted / n_draws:.3f} of proposals; the rule "
-            f"accepts x with probability min(1, p(x) / q(x)), {a:.2f} on average here")  # fmt: skip
+    require(
+        abs(accepted / n_draws - a) < 0.02,
+        name,
+        f"accepted {accepted / n_draws:.3f} of proposals; the rule "
+        f"accepts x with probability min(1, p(x) / q(x)), {a:.2f} on average here",
+    )
     hint = f"the first token's frequencies {[round(float(f), 3) for f in freq]} should match p {p[0].tolist()}"
     if freq[3] > 0.01:
         hint += ": a token the target gives probability 0 came out; after a rejection draw from max(0, p - q)"
@@ -103,8 +106,14 @@ def check_accept_step(fn: Callable) -> None:
 def check_ngram_lookup(fn: Callable) -> None:
     """fn(tokens, k, max_ngram) -> up to k tokens that followed the latest match of the longest n-gram."""
     name = "n-gram lookup"
-    cases = [([1, 2, 3, 9, 2, 3, 7, 8, 5, 2, 3], 2, 2), ([4, 1, 2, 3, 6, 2, 3, 5, 1, 2, 3], 3, 3),
-             ([1, 2, 3, 4], 3, 3), ([5, 6, 5], 4, 1), ([7, 1, 7, 2, 7, 3, 7], 1, 2), ([3, 3, 3, 3], 2, 3)]  # fmt: skip
+    cases = [
+        ([1, 2, 3, 9, 2, 3, 7, 8, 5, 2, 3], 2, 2),
+        ([4, 1, 2, 3, 6, 2, 3, 5, 1, 2, 3], 3, 3),
+        ([1, 2, 3, 4], 3, 3),
+        ([5, 6, 5], 4, 1),
+        ([7, 1, 7, 2, 7, 3, 7], 1, 2),
+        ([3, 3, 3, 3], 2, 3),
+    ]
     g = torch.Generator().manual_seed(3)
     cases += [(torch.randint(0, 5, (40,), generator=g).tolist(), 4, 3) for _ in range(20)]
     for tokens, k, n in cases:
@@ -130,26 +139,32 @@ def check_copyable_fraction(fn: Callable) -> None:
     """fn(prompt, output, n) -> share of output tokens whose n preceding tokens + itself occurred before."""
     name = "copyable share of an output"
     g = torch.Generator().manual_seed(4)
-    cases = [([1, 2, 3, 4, 5], [1, 2, 3, 4], 2), ([1, 2, 3, 4, 5], [6, 7, 8], 2), ([9, 8, 7], [9, 8, 7, 9, 8, 7], 2),
-             ([1, 2, 3], [4, 1, 2, 3], 1)]  # fmt: skip
-    cases += [(torch.randint(0, 4, (30,), generator=g).tolist(), torch.randint(0, 4, (20,), generator=g).tolist(), 3)
-              for _ in range(10)]  # fmt: skip
+    cases = [
+        ([1, 2, 3, 4, 5], [1, 2, 3, 4], 2),
+        ([1, 2, 3, 4, 5], [6, 7, 8], 2),
+        ([9, 8, 7], [9, 8, 7, 9, 8, 7], 2),
+        ([1, 2, 3], [4, 1, 2, 3], 1),
+    ]
+    cases += [
+        (torch.randint(0, 4, (30,), generator=g).tolist(), torch.randint(0, 4, (20,), generator=g).tolist(), 3)
+        for _ in range(10)
+    ]
     for prompt, output, n in cases:
         want, got = copyable_fraction(prompt, output, n), fn(list(prompt), list(output), n)
         hint = f"prompt {prompt}, output {output}, n={n}: expected {want:.4f}, got {got!r}"
         if isinstance(got, (int, float)) and abs(got - want) > 1e-9 and n == 2 and output == [9, 8, 7, 9, 8, 7]:
             hint += ": count matches in the output so far too, not only in the prompt"
         else:
-            hint += (": token i counts when (n tokens before it, itself) appeared earlier in prompt + output[:i]; "
-                     "the n tokens before it may reach back into the prompt")  # fmt: skip
+            hint += (
+                ": token i counts when (n tokens before it, itself) appeared earlier in prompt + output[:i]; "
+                "the n tokens before it may reach back into the prompt"
+            )
         require(isinstance(got, (int, float)) and abs(got - want) < 1e-9, name, hint)
     passed(name, "the share of output tokens an n-gram lookup could have copied from what came before")
 
 
 def check_prompt_lookup_loop(fn: Callable, model, prompt: list[int], n: int = 24) -> None:
     """fn(model, prompt, n) -> n greedy tokens, made with fewer forwards than tokens on a copy prompt."""
-    from ...core.generate import generate
-
     name = "prompt-lookup decoding loop"
     calls = []
 
@@ -167,8 +182,15 @@ def check_prompt_lookup_loop(fn: Callable, model, prompt: list[int], n: int = 24
     got = got.tolist() if hasattr(got, "tolist") else list(got)
     require(len(got) == n, name, f"return exactly the {n} new tokens, got {len(got)}")
     mismatch = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-    require(mismatch is None, name, f"token {mismatch} differs from greedy decoding: keep proposals only while they "
-            "equal the model's argmax, then append the model's own token at the first mismatch")  # fmt: skip
-    require(len(calls) < n, name, f"{len(calls)} forwards for {n} tokens: verify all proposals in one forward "
-            "and keep every accepted one")  # fmt: skip
+    require(
+        mismatch is None,
+        name,
+        f"token {mismatch} differs from greedy decoding: keep proposals only while they "
+        "equal the model's argmax, then append the model's own token at the first mismatch",
+    )
+    require(
+        len(calls) < n,
+        name,
+        f"{len(calls)} forwards for {n} tokens: verify all proposals in one forward and keep every accepted one",
+    )
     passed(name, f"greedy's {n} tokens in {len(calls)} forwards")

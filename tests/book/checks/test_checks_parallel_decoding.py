@@ -46,8 +46,9 @@ def test_jacobi_step_checker():
 def test_window_update_checker():
     check_window_update(window_update)
     with pytest.raises(CheckFailed, match="column"):
-        check_window_update(lambda w, t: ([tuple(w[j].tolist()) + (int(t[j]),) for j in range(min(w.shape))],
-                                          window_update(w, t)[1]))  # fmt: skip
+        check_window_update(
+            lambda w, t: ([tuple(w[j].tolist()) + (int(t[j]),) for j in range(min(w.shape))], window_update(w, t)[1])
+        )
     with pytest.raises(CheckFailed, match=r"top\[i\]"):
         check_window_update(lambda w, t: ([tuple(w[:, i].tolist()) for i in range(w.shape[1])], window_update(w, t)[1]))
     with pytest.raises(CheckFailed, match="oldest level"):

@@ -13,13 +13,8 @@ from minillm.book.checks.speculative import (
     check_prompt_lookup_loop,
     check_speedup_with_costs,
 )
-from minillm.decoding.speculative import (
-    accept_draft_tokens,
-    copyable_fraction,
-    expected_tokens_per_forward,
-    lookup_continuation,
-    predicted_speedup,
-)
+from minillm.decoding.prompt_lookup import copyable_fraction, lookup_continuation
+from minillm.decoding.speculative import accept_draft_tokens, expected_tokens_per_forward, predicted_speedup
 from tests.conftest import tiny_model
 
 

@@ -1,0 +1,78 @@
+"""Chapter 7's measurements: speculative decoding against K and temperature, timed against plain
+decoding (``speculative_sweep``), and the acceptance rate a draft model would get on real text,
+without generating (``teacher_forced_acceptance``). The pictures are in ``viz.decoding``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.generate import generate
+from ..core.model import Transformer
+from ..core.sampling import SamplingParams, probabilities
+from ..decoding.common import mean_acceptance, merged
+from ..decoding.speculative import acceptance_probability, speculative_generate
+from .decoding import time_methods, tokens_and_stats
+
+
+def speculative_sweep(
+    target: Transformer,
+    draft: Transformer,
+    prompts: list[list[int]],
+    new_tokens: int,
+    ks=(1, 2, 3, 4, 6, 8),
+    temperatures=(0.0,),
+    repeats: int = 1,
+    seed: int = 0,
+) -> list[dict]:
+    """Speculative decoding for each (K, temperature) against plain decoding at the same
+    temperature, timed interleaved on the same prompts: one row per pair, the fastest of the
+    repeats (other work on the machine only ever adds time)."""
+    rows = []
+    for temp in temperatures:
+        sampling = SamplingParams(temperature=temp, seed=seed)
+
+        def plain(p, t=temp):
+            return generate(target, p, new_tokens, temperature=t, seed=seed, eos_token_id=None).tokens[0].tolist(), None
+
+        def speculative(p, k, s=sampling):
+            return tokens_and_stats(speculative_generate(target, draft, p, new_tokens, k, s, eos_token_id=None))
+
+        spec = {k: (lambda p, k=k: speculative(p, k)) for k in ks}
+        timed = time_methods({"plain": plain, **spec}, prompts, repeats, target.device)
+        base = min(timed["plain"]["seconds"])
+        for k in ks:
+            seconds, stats = min(timed[k]["seconds"]), merged(timed[k]["stats"])
+            rows.append(
+                {
+                    "k": k,
+                    "temperature": temp,
+                    "speedup": base / seconds,
+                    "tokens_per_s": len(prompts) * new_tokens / seconds,
+                    "tokens_per_target_forward": stats.tokens_per_target_forward,
+                    "alpha": mean_acceptance(stats),
+                    "acceptance_rates": stats.acceptance_rates,
+                    "ms_per_round": 1e3 * seconds / stats.target_forwards,
+                    "ms_per_plain_token": 1e3 * base / (len(prompts) * new_tokens),
+                }
+            )
+    return rows
+
+
+@torch.inference_mode()
+def teacher_forced_acceptance(
+    target: Transformer, draft: Transformer, ids: list[int], temperatures=(0.0, 0.25, 0.5, 0.75, 1.0, 1.5)
+) -> dict[float, float]:
+    """Mean chance that one draft proposal is accepted, at each temperature, over the positions of
+    a real text ``ids``: sum_x min(p, q) of the two models' next-token distributions (at T = 0,
+    how often their argmaxes agree). No generation needed: one forward of each model."""
+    x = torch.tensor([ids], device=target.device)
+    lp, lq = target(x)[0].float(), draft(x)[0].float()  # (T, V) each
+    out = {}
+    for temp in temperatures:
+        if temp == 0:
+            out[temp] = float((lp.argmax(-1) == lq.argmax(-1)).float().mean())
+        else:
+            params = SamplingParams(temperature=temp)
+            out[temp] = float(acceptance_probability(probabilities(lp, params), probabilities(lq, params)).mean())
+    return out

@@ -1,0 +1,244 @@
+"""The pictures of Part III (chapters 7 to 9): speculative decoding against K, temperature and the
+cost of a draft; prompt lookup by task; Jacobi iterations and a lookahead run; Medusa's candidate
+tree and attention masks; and where a wide forward pays (the break-even plot).
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Rectangle
+from torch import Tensor
+
+from ..decoding.lookahead import LookaheadTrace
+from ..decoding.medusa import MedusaTree
+from ..decoding.speculative import expected_speedup, expected_tokens_per_forward
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 7: speculative decoding
+
+
+def plot_speculative_sweep(rows: list[dict], predicted: dict[str, list[float]], title: str = ""):
+    """Against K: tokens per target forward (measured, and the i.i.d. model at the measured alpha),
+    and the speedup over plain decoding (measured, and each prediction in ``predicted``)."""
+    ks = [r["k"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.plot(ks, [r["tokens_per_target_forward"] for r in rows], "o-", label="measured")
+    ax1.plot(
+        ks,
+        [expected_tokens_per_forward(r["alpha"], r["k"]) for r in rows],
+        "s--",
+        label="(1 - a^(K+1)) / (1 - a), measured a",
+    )
+    ax1.set(xlabel="K, proposals per round", ylabel="new tokens per target forward")
+    ax2.plot(ks, [r["speedup"] for r in rows], "o-", color="black", label="measured")
+    for (name, values), style in zip(predicted.items(), ["s--", "^:", "v-."]):
+        ax2.plot(ks, values, style, label=name)
+    ax2.axhline(1, color="gray", lw=1)
+    ax2.set(xlabel="K, proposals per round", ylabel="speedup over plain decoding (x)")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_acceptance_vs_temperature(curve: dict[float, float], measured: dict[float, float], title: str = ""):
+    """Chance of accepting one proposal against temperature: from the two models' distributions
+    on real text (a line), and measured while generating (points)."""
+    fig, ax = plt.subplots()
+    ax.plot(list(curve), list(curve.values()), "o-", label="sum min(p, q) on corpus text (teacher-forced)")
+    ax.plot(list(measured), list(measured.values()), "s", ms=9, label="measured while generating")
+    ax.set(
+        xlabel="temperature (0 = greedy: argmax agreement)",
+        ylabel="acceptance rate per proposal",
+        ylim=(0, 1),
+        title=title,
+    )
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_speedup_map(k: int, points: dict[str, tuple[float, float]], title: str = ""):
+    """The expected speedup (1 - a^(K+1)) / ((1 - a)(K c + 1)) over acceptance a and cost ratio c,
+    the break-even line dashed, and measured (a, c) pairs as points."""
+    alphas, cs = np.linspace(0, 0.99, 100), np.linspace(0.0, 1.0, 101)
+    grid = np.array([[expected_speedup(float(a), k, float(c)) for a in alphas] for c in cs])
+    fig, ax = plt.subplots()
+    filled = ax.contourf(alphas, cs, grid, levels=sorted({0, 0.5, 0.75, 1, 1.5, 2, 3, 4, k + 1}), cmap="RdYlGn")
+    ax.contour(alphas, cs, grid, levels=[1], colors="black", linestyles="--")
+    fig.colorbar(filled, label="expected speedup (x)")
+    for name, (a, c) in points.items():
+        ax.plot(a, c, "ko")
+        right = a > 0.7
+        ax.annotate(
+            name,
+            (a, c),
+            textcoords="offset points",
+            xytext=(-5 if right else 5, -12 if c > 0.9 else 5),
+            ha="right" if right else "left",
+            fontsize=8,
+        )
+    ax.set(xlabel="acceptance rate a", ylabel="draft / target cost per forward, c", title=title)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 8: prompt lookup
+
+
+def plot_lookup_by_task(rows: list[dict], title: str = ""):
+    """Per prompt: prompt lookup's speedup and tokens per forward against the share of the output
+    that could be copied, one colour per task."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        x = [100 * r["copyable"] for r in mine]
+        ax1.plot(x, [r["speedup"] for r in mine], "o", label=task)
+        ax2.plot(x, [r["tokens_per_target_forward"] for r in mine], "o", label=task)
+    ax1.axhline(1, color="gray", lw=1)
+    ax1.set(xlabel="output tokens a 3-gram lookup could copy (%)", ylabel="speedup over greedy (x)")
+    ax2.set(xlabel="output tokens a 3-gram lookup could copy (%)", ylabel="new tokens per forward")
+    ax1.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 9: lookahead, Medusa, and what a wide forward costs
+
+
+def plot_jacobi(guesses: list[list[int]], target: list[int], labels: list[str] | None = None, title: str = ""):
+    """Jacobi iterations as a grid, one row per iteration: green where the guess already has greedy's
+    token, a dark edge on the confirmed prefix (every token before it right too)."""
+    right = torch.tensor([[g == t for g, t in zip(guess, target)] for guess in guesses])  # (iters, n)
+    fig, ax = plt.subplots(figsize=(0.62 * len(target) + 1.5, 0.3 * len(guesses) + 1.2))
+    ax.imshow(right.numpy(), cmap=ListedColormap(["#f2f2f2", "#8fd18b"]), vmin=0, vmax=1, aspect="auto")
+    for it, guess in enumerate(guesses):
+        prefix = next((i for i, ok in enumerate(right[it].tolist()) if not ok), len(target))
+        if prefix:
+            ax.add_patch(Rectangle((-0.5, it - 0.5), prefix, 1, fill=False, ec="black", lw=1.5))
+        if labels is not None:
+            for i, token in enumerate(guess):
+                ax.text(i, it, labels[token][:6], ha="center", va="center", fontsize=6)
+    ax.set(xlabel="position in the block of new tokens", ylabel="Jacobi iteration (0 = initial guess)", title=title)
+    ax.grid(False)
+    return fig
+
+
+def plot_lookahead_trace(trace: LookaheadTrace, title: str = ""):
+    """Two panels over the steps of one run: tokens accepted from the pool, and the pool's size."""
+    steps = range(len(trace.steps))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    ax1.bar(steps, trace.accepted_lengths, color="tab:green", width=1.0)
+    ax1.set(xlabel="step (one forward)", ylabel="pool tokens accepted", title="accepted per step (+1 of its own)")
+    ax2.plot(steps, [s["pool_size"] for s in trace.steps], color="tab:blue")
+    ax2.plot(
+        steps,
+        [len(s["candidates"]) for s in trace.steps],
+        ".",
+        color="tab:orange",
+        ms=3,
+        label="n-grams verified that step",
+    )
+    ax2.set(xlabel="step (one forward)", ylabel="n-grams", title="n-grams in the pool")
+    ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def tree_layout(tree: MedusaTree) -> list[tuple[float, float]]:
+    """(x, y) of each node for a drawing: x its depth, leaves one unit apart, a parent centred on its children."""
+    children = [[] for _ in range(len(tree))]
+    for i, p in enumerate(tree.parents[1:], start=1):
+        children[p].append(i)
+    y, next_leaf = [0.0] * len(tree), [0.0]
+
+    def place(i: int) -> float:
+        if children[i]:
+            y[i] = sum(place(c) for c in children[i]) / len(children[i])
+        else:
+            y[i], next_leaf[0] = next_leaf[0], next_leaf[0] + 1
+        return y[i]
+
+    place(0)
+    return [(float(tree.depths[i]), -y[i]) for i in range(len(tree))]
+
+
+def draw_tree(
+    tree: MedusaTree, labels: list[str] | None = None, accepted: list[int] | None = None, title: str = "", ax=None
+):
+    """The candidate tree, root at the left, one column per head; ``labels`` per node (default: its
+    path), the ``accepted`` path (node ids) in green."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.2 * (tree.depth + 1), 0.32 * len(tree) + 1))
+    xy, on_path = tree_layout(tree), set(accepted or [])
+    labels = labels or ["root", *("".join(map(str, p)) for p in tree.paths[1:])]
+    for i, p in enumerate(tree.parents[1:], start=1):
+        good = i in on_path and p in on_path
+        ax.plot(
+            [xy[p][0], xy[i][0]],
+            [xy[p][1], xy[i][1]],
+            color="tab:green" if good else "0.7",
+            lw=2.5 if good else 1,
+            zorder=1,
+        )
+    for i, (x, y) in enumerate(xy):
+        color = "#c7e9c0" if i in on_path else "white"
+        ax.text(
+            x,
+            y,
+            f"{i}: {labels[i]}",
+            ha="center",
+            va="center",
+            fontsize=8,
+            zorder=2,
+            bbox={"boxstyle": "round", "fc": color, "ec": "tab:green" if i in on_path else "0.5"},
+        )
+    ax.set_xticks(
+        range(tree.depth + 1), ["root\n(last token)"] + [f"head {d} top-{k}" for d, k in enumerate(tree.top_k, 1)]
+    )
+    ax.set_yticks([])
+    ax.set_xlim(-0.6, tree.depth + 0.6)
+    ax.grid(False)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title)
+    return ax
+
+
+def plot_mask(mask: Tensor, labels: list[str] | None = None, title: str = "", ax=None):
+    """A boolean attention mask as a picture: row i is what token i may see (dark = attends)."""
+    n = mask.shape[0]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.22 * n + 1.5, 0.22 * n + 1.2))
+    ax.imshow(mask.cpu().numpy(), cmap="Greys", vmin=0, vmax=1.3)
+    ticks = labels or [str(i) for i in range(n)]
+    ax.set_xticks(range(n), ticks, rotation=90, fontsize=6)
+    ax.set_yticks(range(n), ticks, fontsize=6)
+    ax.set(xlabel="key (token attended to)", ylabel="query (token attending)", title=title)
+    ax.grid(False)
+    return ax
+
+
+def plot_break_even(relative_cost: dict[str, dict], methods: dict[str, tuple[float, float]], title: str = ""):
+    """Cost of a forward of T tokens relative to T = 1 (one line per device or model), and each
+    method at (its mean width, its tokens per target forward): a method above a line gains there."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for name, by_t in relative_cost.items():
+        ts = sorted(int(t) for t in by_t)
+        ax.plot(ts, [by_t[t] if t in by_t else by_t[str(t)] for t in ts], "o-", label=name)
+    for i, (name, (width, tokens)) in enumerate(methods.items()):
+        ax.plot([width], [tokens], "*", ms=13, color=f"C{i + 3}", label=f"{name}: {tokens:.2f} tokens/forward")
+    ax.set_xscale("log", base=2)
+    ax.set(
+        xlabel="tokens in one forward (T)",
+        ylabel="cost relative to a 1-token forward\nor tokens per forward",
+        title=title,
+    )
+    ax.legend(fontsize=7)
+    return fig
