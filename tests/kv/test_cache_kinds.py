@@ -134,7 +134,7 @@ INT8_MEAN_KL = 1e-4  # nats per token, observed ~2e-5
 @pytest.mark.xdist_group("bundled")
 def test_int8_cache_stays_within_tolerance_of_fp32_on_the_bundled_model():
     model, tok = minillm.load("minillm-target")
-    from minillm.bench.generation import corpus_prompt
+    from minillm.training.corpus import corpus_prompt
 
     x = torch.tensor([corpus_prompt(tok, 256)])
     exact = model(x)
