@@ -65,8 +65,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(stream.push(int(token[0])), end="", flush=True)
 
     with bad_input():
-        result = generate(model, tokenizer.encode(args.prompt), args.max_new_tokens, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=print_piece)  # fmt: skip
+        result = generate(
+            model,
+            tokenizer.encode(args.prompt),
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            on_token=print_piece,
+        )
     print(stream.flush())
     print(timing_line(result, model))
     return 0
@@ -98,9 +106,16 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def config_row(config: ModelConfig) -> dict:
-    return {"name": config.name, "params": human_count(config.num_params()), "layers": config.n_layers,
-            "dim": config.dim, "heads": config.n_heads, "kv heads": config.n_kv_heads,
-            "vocab": config.vocab_size, "context": config.max_seq_len}  # fmt: skip
+    return {
+        "name": config.name,
+        "params": human_count(config.num_params()),
+        "layers": config.n_layers,
+        "dim": config.dim,
+        "heads": config.n_heads,
+        "kv heads": config.n_kv_heads,
+        "vocab": config.vocab_size,
+        "context": config.max_seq_len,
+    }
 
 
 def cmd_corpus(args: argparse.Namespace) -> int:
@@ -181,8 +196,11 @@ def build_parser() -> ArgumentParser:
 
 def add_generate(commands) -> None:
     p = commands.add_parser("generate", help="generate text from a prompt, streamed, then TTFT, TPOT and tokens/s")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="bundled model name, checkpoint directory or hub id "
-                   f"(default: {DEFAULT_MODEL})")  # fmt: skip
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"bundled model name, checkpoint directory or hub id (default: {DEFAULT_MODEL})",
+    )
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (default: 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), 1 = the model's own")
@@ -190,8 +208,12 @@ def add_generate(commands) -> None:
     p.add_argument("--top-p", type=float, default=None, help="sample only from the nucleus of probability p")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling, for reproducible output")
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                   help="weights' dtype (default: float32 on a CPU, the checkpoint's own on a GPU)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="weights' dtype (default: float32 on a CPU, the checkpoint's own on a GPU)",
+    )
     p.set_defaults(handler=cmd_generate)
 
 

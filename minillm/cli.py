@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .bench.report import write_json as _write_json
+from .core.device import best_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_MODEL = "minillm-target"
@@ -38,9 +39,11 @@ def bad_input() -> Iterator[None]:
         raise CliError(str(e)) from e
 
 
-def parse_device(name: str | None) -> str | None:
+def parse_device(name: str | None) -> str:
+    """The device a command runs on: the one named, checked to exist here, or the best available
+    (cuda, then mps, then the cpu: ``core.device.best_device``, as the notebooks choose)."""
     if name is None:
-        return None
+        return str(best_device())
     try:
         device = torch.device(name)
     except RuntimeError as e:
@@ -50,11 +53,6 @@ def parse_device(name: str | None) -> str | None:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise CliError(f"device {name!r} asked for, but MPS is not available on this machine")
     return str(device)
-
-
-def default_device() -> str:
-    """The device benchmarks run on unless told: cuda when available, else the cpu."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def write_json(path: Path, figures: dict) -> None:

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import DEFAULT_MODEL, DTYPES, CliError, bad_input, default_device, parse_device, write_json
+from ..cli import DEFAULT_MODEL, DTYPES, CliError, bad_input, parse_device, write_json
 from ..core.checkpoints import load, resolve
 from ..core.device import set_threads_from_env
 from ..core.hf_config import config_from_hf
@@ -20,21 +20,23 @@ from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
 
 
 def cmd_bench_generate(args: argparse.Namespace) -> int:
-    device = parse_device(args.device) or default_device()
+    device = parse_device(args.device)
     check_bench_args(args)
     vs_transformers = None
     print(f"minillm vs transformers on {args.model} ({device})...", file=sys.stderr, flush=True)
     try:
         with bad_input():
-            vs_transformers = bench.bench_vs_transformers(args.model, args.prompt_len, args.new_tokens,
-                                                          args.repeats, device)  # fmt: skip
+            vs_transformers = bench.bench_vs_transformers(
+                args.model, args.prompt_len, args.new_tokens, args.repeats, device
+            )
         print(bench.format_vs_transformers(vs_transformers), end="\n\n", flush=True)
     except ImportError as e:
         print(f"skipped the comparison with transformers: {e}", file=sys.stderr, flush=True)
     print(f"KV cache vs recompute at prompts {args.prompt_lens}...", file=sys.stderr, flush=True)
     with bad_input():
-        cache = bench.bench_cache_vs_recompute(args.model, tuple(args.prompt_lens), args.new_tokens,
-                                               args.repeats, device)  # fmt: skip
+        cache = bench.bench_cache_vs_recompute(
+            args.model, tuple(args.prompt_lens), args.new_tokens, args.repeats, device
+        )
     print(bench.format_cache_vs_recompute(cache), end="\n\n")
     goals = bench.check_goals(vs_transformers, cache)
     print(bench.format_goals(goals))
@@ -47,7 +49,7 @@ def cmd_bench_kv(args: argparse.Namespace) -> int:
     set_threads_from_env()
     with bad_input():
         dtype = DTYPES[args.dtype] if args.dtype else None
-        device = parse_device(args.device) or default_device()
+        device = parse_device(args.device)
         options = KVBench(tuple(args.contexts), args.batch, args.new_tokens, args.repeats, device, dtype)
         config = mha_shape(args.shape)
     print(
@@ -63,7 +65,7 @@ def cmd_bench_kv(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_decoding(args: argparse.Namespace) -> int:
-    device = parse_device(args.device) or default_device()
+    device = parse_device(args.device)
     with bad_input():
         options = DecodingBench(
             args.target, args.draft, args.prompts, args.prompt_len, args.new_tokens, args.repeats, args.k, device
@@ -94,7 +96,7 @@ def cmd_bench_batching(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             progress=not args.no_progress,
         )
-    device = parse_device(args.device) or default_device()
+    device = parse_device(args.device)
     with bad_input():
         model, _ = load(args.model, device=device)
     print(
@@ -127,8 +129,10 @@ def check_bench_args(args: argparse.Namespace) -> None:
         context = config_from_hf(json.loads(config_path.read_text())).max_seq_len
     too_long = sorted({p for p in prompt_lens if p + args.new_tokens > context})
     if too_long:
-        raise CliError(f"prompt lengths {too_long} + --new-tokens {args.new_tokens} exceed the context length "
-                       f"{context} of {args.model}")  # fmt: skip
+        raise CliError(
+            f"prompt lengths {too_long} + --new-tokens {args.new_tokens} exceed the context length "
+            f"{context} of {args.model}"
+        )
 
 
 def add_bench(commands) -> None:
@@ -139,9 +143,14 @@ def add_bench(commands) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each, after a warmup (default: 5)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per run (default: 128)")
     p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens, vs transformers (default: 64)")
-    p.add_argument("--prompt-lens", type=int, nargs="+", default=[64, 256, 512],
-                   help="prompt lengths, cache vs recompute (default: 64 256 512)")  # fmt: skip
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument(
+        "--prompt-lens",
+        type=int,
+        nargs="+",
+        default=[64, 256, 512],
+        help="prompt lengths, cache vs recompute (default: 64 256 512)",
+    )
+    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_generate)
     p = kinds.add_parser("kv", help="KV-cache techniques: bytes and decode tokens/s at several contexts")
@@ -151,7 +160,7 @@ def add_bench(commands) -> None:
     p.add_argument("--new-tokens", type=int, default=16, help="decode steps per timed run (default: 16)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default: 3)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, else float32")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_kv)
     p = kinds.add_parser("decoding", help="speculative, prompt lookup, lookahead, Medusa vs plain greedy decoding")
@@ -164,7 +173,7 @@ def add_bench(commands) -> None:
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt (default: 64)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (default: 128)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds after a warmup (default: 3)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_decoding)
     add_bench_batching(kinds)
@@ -181,7 +190,7 @@ def add_bench_batching(kinds) -> None:
     p.add_argument("--prefix-requests", type=int, default=8, help="requests sharing a system prompt (default: 8)")
     p.add_argument("--system-len", type=int, default=512, help="system prompt tokens (default: 512)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each batching policy, taking turns (default: 3)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_batching)

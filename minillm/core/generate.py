@@ -145,8 +145,10 @@ def generate(
         if not use_cache:
             raise ValueError("use_cache=False recomputes every step; it cannot take a cache")
         if cache.length != 0 or cache.batch_size != B:
-            raise ValueError(f"cache must be empty and built for batch size {B}; it holds {cache.length} "
-                             f"tokens for batch size {cache.batch_size}")  # fmt: skip
+            raise ValueError(
+                f"cache must be empty and built for batch size {B}; it holds {cache.length} "
+                f"tokens for batch size {cache.batch_size}"
+            )
     elif use_cache:
         cache = KVCache.for_model(model, B, P + max_new_tokens)
     token_times: list[float] = []
@@ -182,5 +184,11 @@ def generate(
             ids = torch.cat([ids, token[:, None]], dim=1)
             logits = recompute_step(model, ids, positions)
 
-    return GenerationResult(tokens=out[:, : step + 1].cpu(), lengths=n_new.tolist(), prompt_lengths=lengths,
-                            ttft=ttft, token_times=token_times, total_time=t_prev - t_start)  # fmt: skip
+    return GenerationResult(
+        tokens=out[:, : step + 1].cpu(),
+        lengths=n_new.tolist(),
+        prompt_lengths=lengths,
+        ttft=ttft,
+        token_times=token_times,
+        total_time=t_prev - t_start,
+    )

@@ -122,8 +122,9 @@ def test_sampling_is_not_greedy_and_top_k_one_is():
     assert torch.equal(top1, greedy)
 
 
-@pytest.mark.parametrize("kwargs, name", [(dict(temperature=-1.0), "temperature"), (dict(top_k=0), "top_k"),
-                                          (dict(top_p=1.5), "top_p")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, name", [(dict(temperature=-1.0), "temperature"), (dict(top_k=0), "top_k"), (dict(top_p=1.5), "top_p")]
+)
 def test_invalid_sampling_parameters_are_refused(kwargs, name):
     with pytest.raises(ValueError, match=name):
         generate(make_model(), [1, 2, 3], 4, **kwargs)
@@ -281,8 +282,9 @@ def test_result_fields_and_timings():
 def test_on_token_sees_every_steps_tokens(use_cache):
     model = make_model("gqa")
     seen = []
-    result = generate(model, [[1, 2, 3], [4, 5]], 7, eos_token_id=None, use_cache=use_cache,
-                      on_token=lambda t: seen.append(t.clone()))  # fmt: skip
+    result = generate(
+        model, [[1, 2, 3], [4, 5]], 7, eos_token_id=None, use_cache=use_cache, on_token=lambda t: seen.append(t.clone())
+    )
     assert len(seen) == 7
     assert all(t.shape == (2,) and t.dtype == torch.long for t in seen)
     assert torch.equal(torch.stack(seen, dim=1), result.tokens)
@@ -311,8 +313,10 @@ def test_left_pad_puts_padding_first_with_position_minus_one():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("overrides", [dict(n_kv_heads=4), dict(n_kv_heads=2), dict(n_kv_heads=1),
-                                       dict(head_dim=16, n_kv_heads=2, n_layers=3)])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(n_kv_heads=4), dict(n_kv_heads=2), dict(n_kv_heads=1), dict(head_dim=16, n_kv_heads=2, n_layers=3)],
+)
 @pytest.mark.parametrize("batch_size, max_len", [(1, 1), (3, 17), (8, 128)])
 def test_cache_nbytes_is_the_kv_memory_formula(overrides, dtype, batch_size, max_len):
     cfg = tiny_config(**overrides)
