@@ -99,9 +99,21 @@ def chapter_modules(nb: dict) -> list[str]:
                 found.update(a.name for a in node.names if a.name.split(".")[0] in ("minillm", "kernels"))
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "minillm":
                 found.add(_attribute_module(node, tree))  # minillm.generate(...) after `import minillm`
-    # the book's own setup and the table printer appear in every chapter: the box names the topic's code
-    everywhere = ("minillm", "minillm.book", "minillm.bench.report", "minillm.viz.style")
-    return sorted(m for m in found if m not in everywhere and not m.startswith("minillm.book."))
+    # setup, loading and the table printer appear in every chapter: the box names the topic's code
+    everywhere = ("minillm", "minillm.book", "minillm.bench.report", "minillm.core.checkpoints", "minillm.viz.style")
+    return sorted((m for m in found if m not in everywhere and not m.startswith("minillm.book.")), key=_layer_order)
+
+
+LAYER_ORDER = ("core", "kv", "decoding", "serving", "compression", "parallel", "measure", "training", "viz", "bench")
+
+
+def _layer_order(module: str) -> tuple[int, str]:
+    """Techniques first, then measures, pictures and benchmarks; kernels last."""
+    parts = module.split(".")
+    if parts[0] == "kernels":
+        return len(LAYER_ORDER) + 1, module
+    layer = parts[1] if len(parts) > 1 else ""
+    return (LAYER_ORDER.index(layer) if layer in LAYER_ORDER else len(LAYER_ORDER)), module
 
 
 def module_path(module: str) -> str:

@@ -59,12 +59,12 @@ def test_code_box_derives_modules_from_imports_and_attribute_use():
         "out = minillm.generate(m, ids, 4)\ntext = minillm.training.corpus.load_text('valid')\n"
     )
     nb = {"cells": [{"cell_type": "markdown", "source": "# x"}, {"cell_type": "code", "source": code}]}
-    assert links.chapter_modules(nb) == [
-        "kernels.rmsnorm",
+    assert links.chapter_modules(nb) == [  # by layer: techniques first, kernels last
         "minillm.core.cache",
         "minillm.core.generate",
         "minillm.kv.paged",
         "minillm.training.corpus",
+        "kernels.rmsnorm",
     ]
     synced = links.sync_code_box(nb, "someone/minillm", "main")
     box = synced["cells"][0]["source"]
