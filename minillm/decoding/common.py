@@ -16,6 +16,8 @@ from typing import Protocol
 
 from torch import Tensor
 
+from ..core.prompts import token_rows
+
 
 @dataclass
 class DecodingStats:
@@ -118,16 +120,12 @@ def check_k(k: int) -> None:
 
 
 def single_prompt(input_ids) -> list[int]:
-    """A prompt as a list of ids; batch size 1 only: rows of a batch would accept different counts."""
-    if isinstance(input_ids, Tensor):
-        if input_ids.dim() == 2 and input_ids.shape[0] != 1:
-            raise ValueError(f"these decoders take batch size 1, got input_ids of shape {tuple(input_ids.shape)}")
-        return input_ids.flatten().tolist()
-    if len(input_ids) and not isinstance(input_ids[0], int):
-        if len(input_ids) != 1:
-            raise ValueError(f"these decoders take batch size 1, got {len(input_ids)} prompts")
-        return list(input_ids[0])
-    return list(input_ids)
+    """A prompt as a list of ids (any form ``generate`` takes, checked the same way); batch size 1
+    only: rows of a batch would accept different counts."""
+    rows = token_rows(input_ids)
+    if len(rows) != 1:
+        raise ValueError(f"these decoders take batch size 1, got {len(rows)} prompts")
+    return rows[0]
 
 
 def stop_at_eos(tokens: list[int], eos: set[int]) -> list[int]:

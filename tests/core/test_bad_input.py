@@ -17,6 +17,10 @@ from minillm import ModelConfig
 from minillm.core.checkpoints import BUNDLED_DIR, CheckpointError
 from minillm.core.hf_config import config_from_hf
 from minillm.core.prompts import token_rows
+from minillm.core.sampling import SamplingParams
+from minillm.decoding.lookahead import lookahead_generate
+from minillm.decoding.prompt_lookup import prompt_lookup_generate
+from minillm.decoding.speculative import speculative_generate
 from tests.conftest import tiny_model
 
 DRAFT = BUNDLED_DIR / "minillm-draft"
@@ -205,3 +209,16 @@ def test_random_malformed_prompts_give_only_value_errors(prompt):
     rows = token_rows(prompt)  # it was valid: every row is ints within the vocabulary
     assert all(0 <= t < model.config.vocab_size for row in rows for t in row)
     assert result.tokens.shape[0] == len(rows)
+
+
+@pytest.mark.parametrize("input_ids", [[1.5, 2.7], "Rain fell", torch.tensor([1.0, 2.0]), [[]]])
+def test_every_decoder_checks_its_prompt_as_generate_does(input_ids):
+    model = tiny_model()
+    decoders = [
+        lambda: speculative_generate(model, tiny_model(seed=1), input_ids, 3, 2, SamplingParams()),
+        lambda: prompt_lookup_generate(model, input_ids, 3),
+        lambda: lookahead_generate(model, input_ids, 3),
+    ]
+    for decode in decoders:
+        with pytest.raises(ValueError, match="not an int|text|integer tensor|at least one token"):
+            decode()
