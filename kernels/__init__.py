@@ -1,12 +1,13 @@
-"""Triton kernels, each beside the PyTorch reference it must equal.
+"""Triton kernels, a leaf: they import torch and triton, never minillm.
 
-- ``flash_attention``: fused attention forward, FlashAttention-2 style (Dao, 2023), with
-  ``attention_tiled``, the same online-softmax algorithm in plain PyTorch.
+- ``flash_attention``: fused attention forward, FlashAttention-2 style (Dao, 2023); its plain
+  PyTorch twin, ``attention_tiled``, and the other references sit in ``minillm.core.attention``.
 - ``paged_attention``: the decode kernel that reads K/V through block tables (PagedAttention,
   Kwon et al., 2023), against ``minillm.kv.paged.paged_attention_decode``.
 - ``rmsnorm``: RMSNorm fused with the residual add, against ``minillm.core.model.rms_norm_reference``.
-- ``dispatch``: the ``"triton"`` attention backend of ``minillm.core.model``, with its SDPA fallback.
-- ``gpu_check``: correctness and speed on a CUDA machine (``make gpu-check``).
 
-Nothing here is imported by ``import kernels``: triton loads only when a kernel module is used.
+The ``"triton"`` attention backend that picks the kernel or falls back to SDPA is
+``minillm.core.attention``; correctness and speed on a CUDA machine are ``minillm.bench.gpu``
+(``make gpu-check``). Nothing here is imported by ``import kernels``: triton loads only when a
+kernel module is used.
 """
