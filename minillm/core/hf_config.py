@@ -9,6 +9,7 @@ field, a value of the wrong JSON type, an impossible value (through ``ModelConfi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .config import ModelConfig, RopeScaling
@@ -116,7 +117,25 @@ def config_from_hf(cfg: dict, name: str = "custom") -> ModelConfig:
     try:
         return _model_config(cfg, family, theta, scaling, window, name)
     except ValueError as e:  # a field of the wrong type or an impossible value, named by ModelConfig
-        raise CheckpointError(f"config.json: {e}") from e
+        message = re.sub(r"ModelConfig\.(\w+)", lambda m: _hf_name(m.group(1)), str(e))
+        raise CheckpointError(f"config.json: {message}") from e
+
+
+# ModelConfig's field -> the config.json key it is read from, for error messages
+HF_NAMES = {
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "ffn_dim": "intermediate_size",
+    "max_seq_len": "max_position_embeddings",
+    "norm_eps": "rms_norm_eps",
+}
+
+
+def _hf_name(field: str) -> str:
+    """'n_heads' -> 'num_attention_heads (ModelConfig.n_heads)'; a field of the same name as is."""
+    return f"{HF_NAMES[field]} (ModelConfig.{field})" if field in HF_NAMES else field
 
 
 def _model_config(cfg: dict, family: str, theta: float, scaling: RopeScaling, window, name: str) -> ModelConfig:

@@ -84,17 +84,20 @@ def test_a_corrupt_tokenizer_is_named(checkpoint):
     [
         ({"hidden_size": ...}, "lacks required field hidden_size"),
         ({"num_attention_heads": ..., "vocab_size": ...}, "lacks required fields vocab_size, num_attention_heads"),
-        ({"num_attention_heads": 0}, r"n_heads must be a positive integer, got 0"),
-        ({"num_key_value_heads": 0}, r"n_kv_heads must be a positive integer, got 0"),
+        ({"num_attention_heads": 0}, r"num_attention_heads \(ModelConfig.n_heads\) must be a positive integer, got 0"),
+        ({"num_key_value_heads": 0}, r"num_key_value_heads \(ModelConfig.n_kv_heads\) must be a positive integer"),
         ({"vocab_size": "4096"}, r"vocab_size must be a positive integer, got '4096' \(str\)"),
-        ({"num_hidden_layers": 2.5}, r"n_layers must be a positive integer, got 2\.5 \(float\)"),
-        ({"rms_norm_eps": -1}, r"norm_eps must be a positive number"),
+        (
+            {"num_hidden_layers": 2.5},
+            r"num_hidden_layers \(ModelConfig.n_layers\) must be a positive integer, got 2.5",
+        ),
+        ({"rms_norm_eps": -1}, r"rms_norm_eps \(ModelConfig.norm_eps\) must be a positive number"),
         ({"tie_word_embeddings": "yes"}, r"tie_word_embeddings must be bool, got 'yes'"),
         ({"architectures": "LlamaForCausalLM"}, "architectures must be list"),
         ({"rope_parameters": {"rope_type": "default", "rope_theta": "big"}}, "rope_theta must be a positive number"),
         ({"hidden_size": 100, "num_attention_heads": 3, "head_dim": None}, r"dim \(100\) is not divisible by n_heads"),
         ({"bos_token_id": 99999}, r"bos_token_id must be None or an id in \[0, 4096\)"),
-        ({"max_position_embeddings": 0}, "max_seq_len must be a positive integer"),
+        ({"max_position_embeddings": 0}, r"max_position_embeddings \(ModelConfig.max_seq_len\) must be a positive"),
     ],
 )
 def test_config_fields_are_checked_and_named(checkpoint, changes, match):
