@@ -32,7 +32,7 @@ def run_measured(
     engine = Engine(model, config)
     warm = Engine(model, config)
     warm.run([Request(list(r.prompt), 2) for r in requests[:2]])
-    return engine.run(copy_requests(requests), progress=progress), engine
+    return served(engine.run(copy_requests(requests), progress=progress)), engine
 
 
 def simulate(
@@ -41,7 +41,16 @@ def simulate(
     """Serve copies of ``requests`` with the engine's real scheduler and block manager, a
     ``SimulatedModel`` in place of the model, and the clock of ``engine_config.step_cost``."""
     engine = Engine(SimulatedModel(config), engine_config)
-    return engine.run(copy_requests(requests)), engine
+    return served(engine.run(copy_requests(requests))), engine
+
+
+def served(outputs: list[RequestOutput]) -> list[RequestOutput]:
+    """The outputs of a benchmark run, or a ValueError naming the first request that failed: a
+    benchmark's figures would be wrong with a request that was not served."""
+    failed = [o for o in outputs if o.finish_reason == "error"]
+    if failed:
+        raise ValueError(f"{len(failed)} request(s) failed, the first ({failed[0].request.id}) with {failed[0].error}")
+    return outputs
 
 
 def serving_figures(outputs: Sequence[RequestOutput], engine: Engine, slo: SLO | None = None) -> dict:

@@ -33,8 +33,9 @@ class SamplingParams:
             isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1
         ):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {seed!r}")
 
     @property
     def greedy(self) -> bool:

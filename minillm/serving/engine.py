@@ -2,7 +2,10 @@
 
     engine = Engine(model, EngineConfig(num_blocks=256, scheduler=SchedulerConfig("continuous", 16)))
     outputs = engine.run(requests)          # one RequestOutput per request, in the given order
-    print(summary([o.metrics for o in outputs]))
+    print(summary([o.metrics for o in outputs if o.finish_reason != "error"]))
+
+A request that fails while being served (``finish_reason == "error"``, the reason in ``error``)
+ends alone, its blocks freed; the engine serves the others.
 
 Each ``step`` asks the scheduler for work (which sequences, how many tokens each), runs the real
 model over all of it (one forward for the decode rows and one for the prompt chunks, rows
@@ -230,16 +233,19 @@ class Engine:
         heapq.heappush(self._pending, (request.arrival, request.id, request))
         return request.id
 
-    def _admit_arrivals(self) -> None:
+    def _admit_arrivals(self) -> list[RequestOutput]:
+        """Move arrived requests to the scheduler; those that fail on the way end with an error."""
+        failed = []
         while self._pending and self._pending[0][0] <= self.now:
             request = heapq.heappop(self._pending)[2]
             seq = SequenceState(request, request.id)
             try:
                 self._generators[request.id] = request.params.generator(self.model.device)
             except Exception as e:  # confined to this request: it ends with an error, the rest go on
-                self._fail(seq, e, scheduled=False)
+                failed.append(self._fail(seq, e, scheduled=False))
                 continue
             self.scheduler.add(seq)
+        return failed
 
     def _fail(self, seq: SequenceState, error: Exception, scheduled: bool = True) -> RequestOutput:
         """End one request with an error (its blocks freed at once); the engine serves the others."""
@@ -258,17 +264,18 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """One forward over the scheduled work; returns the requests that finished in it."""
-        self._admit_arrivals()
+        failed = self._admit_arrivals()
         work = self.scheduler.schedule(self.now, more_coming=bool(self._pending))
         if not work:
-            self._wait()
-            return []
+            if self.unfinished:
+                self._wait()
+            return failed
         synchronize(self.model.device)
         t0 = time.perf_counter()
         try:
             tokens, (decode_rows, padding, prefill_tokens, forwards) = self._forward_and_sample(work)
         except Exception as e:  # the batched forward itself failed: end these requests, keep the engine
-            return [self._fail(w.seq, e) for w in work]
+            return failed + [self._fail(w.seq, e) for w in work]
         synchronize(self.model.device)
         n_fed = sum(w.n for w in work)
         cost = self.config.step_cost
@@ -280,7 +287,7 @@ class Engine:
         rows = tuple((w.seq.id, w.n) for w in work)
         used = self.blocks.allocator.num_used
         self.step_log.append(StepRecord(start, duration, decode_rows, padding, prefill_tokens, forwards, rows, used))
-        return finished
+        return failed + finished
 
     def _count_kv_use(self) -> None:
         """Accumulate token slots held in blocks vs tokens stored in them, for the measured waste."""
@@ -376,8 +383,11 @@ class Engine:
         ``progress`` shows a bar of requests done (tqdm, on stderr).
         """
         requests = list(requests)
+        given = [r.id for r in requests if r.id is not None]
         for r in requests:
             self.check(r)
+            if r.id is not None and (r.id in self._ids or given.count(r.id) > 1):
+                raise ValueError(f"a request with id {r.id} was already added")
         ids = [self.add_request(r) for r in requests]
         bar = progress_bar(len(self._pending) + len(self.scheduler.waiting) + len(self.scheduler.running), progress)
         while self.unfinished:

@@ -54,8 +54,10 @@ def test_request_fields_are_checked_on_construction(fields, match):
 
 
 def test_sampling_params_refuse_a_bad_seed_and_a_boolean_temperature():
-    with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+    with pytest.raises(ValueError, match="seed must be an integer in"):
         SamplingParams(seed="x")
+    with pytest.raises(ValueError, match="seed must be an integer in"):
+        SamplingParams(seed=2**64)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=True)
 
@@ -155,3 +157,42 @@ def test_after_any_bad_requests_the_engine_serves_a_good_one(bad_requests):
     assert outputs[-1].tokens == greedy(GOOD, 4)
     assert all(o.finish_reason in ("length", "stop") for o in engine.outputs.values())
     assert engine.blocks.allocator.num_used == 0
+
+
+def test_a_request_that_fails_at_admission_is_returned_and_the_run_ends(monkeypatch):
+    """The last request failing when admitted (its generator cannot be made) must not leave the
+    engine waiting for work that will never come, and step() returns its output."""
+    real = SamplingParams.generator
+
+    def generator(params, device="cpu"):
+        if params.seed in (5, 6):
+            raise RuntimeError("no generator for you")
+        return real(params, device)
+
+    monkeypatch.setattr(SamplingParams, "generator", generator)
+    request = Request([1, 2, 3], 4, params=SamplingParams(seed=5))
+    engine = make_engine()
+    engine.add_request(request)
+    assert [o.finish_reason for o in engine.step()] == ["error"] and not engine.unfinished
+    second = Request([4, 5], 3, params=SamplingParams(seed=6))
+    (out,) = engine.run([second])
+    assert out.finish_reason == "error" and "no generator" in out.error
+
+
+def test_duplicate_ids_in_one_run_are_refused_before_anything_is_added():
+    engine = make_engine()
+    with pytest.raises(ValueError, match="id 3 was already added"):
+        engine.run([Request([1, 2], 2, id=3), Request([3, 4], 2, id=3)])
+    assert not engine.unfinished
+    (out,) = engine.run([Request(list(GOOD), 2, id=3)])
+    assert out.tokens == greedy(GOOD, 2)
+
+
+def test_a_benchmark_refuses_to_report_a_run_with_failed_requests(monkeypatch):
+    from minillm.bench.serving import served
+
+    engine = make_engine()
+    monkeypatch.setattr(engine, "_forward_split", lambda work: (_ for _ in ()).throw(RuntimeError("boom")))
+    outputs = engine.run([Request([1, 2], 2)])
+    with pytest.raises(ValueError, match="1 request\\(s\\) failed.*boom"):
+        served(outputs)
