@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from .bench.cli import add_bench
+from .bench.cli import add_bench, write_json
 from .bench.report import finish_provenance, format_table, provenance
-from .cli import DEFAULT_MODEL, DTYPES, ArgumentParser, CliError, bad_input, parse_device, write_json
+from .cli import DEFAULT_MODEL, DTYPES, ArgumentParser, CliError, bad_input, parse_device
 from .core.checkpoints import BUNDLED_DIR, bundled_models, load
 from .core.config import PRESETS, ModelConfig
 from .core.generate import GenerationResult, generate

@@ -8,11 +8,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
-from .bench.report import write_json as _write_json
 from .core.device import best_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -53,9 +51,3 @@ def parse_device(name: str | None) -> str:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise CliError(f"device {name!r} asked for, but MPS is not available on this machine")
     return str(device)
-
-
-def write_json(path: Path, figures: dict) -> None:
-    """Write a command's figures to the JSON file it was given, and say where."""
-    _write_json(path, figures)
-    print(f"figures written to {path}")

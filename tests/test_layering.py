@@ -7,6 +7,8 @@ in prose; this test holds the line."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,10 +169,22 @@ def test_no_import_cycle_between_subpackages():
 
 
 def test_importing_minillm_loads_only_the_lower_layers():
-    """``import minillm`` (the public API: load, generate, the model and the caches) pulls in core
-    and kv only, so a user of the library never pays for benchmarks, plots or the book."""
+    """``import minillm`` (the public API: load, generate, the model and the caches) imports core
+    and kv, and through them nothing above kv, so a user of the library never pays for
+    benchmarks, plots or the book (checked in a fresh interpreter)."""
     targets = {subpackage(m) for m, _ in imports(PACKAGE / "__init__.py")} - {None}
     assert targets <= {"core", "kv"}
+    code = "import sys, minillm; print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('minillm.')}))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert loaded.returncode == 0, loaded.stderr
+    assert set(ast.literal_eval(loaded.stdout.strip())) <= {"core", "kv", "training", "measure"}
+
+
+def test_the_shared_cli_module_imports_only_core():
+    """minillm/cli.py (errors, the parser, devices) sits under both command lines: it may import
+    core only, so that a layer below bench can never reach bench through it."""
+    targets = {subpackage(m) for m, _ in imports(PACKAGE / "cli.py")} - {None}
+    assert targets <= {"core"}
 
 
 def test_the_rules_catch_what_they_forbid(tmp_path, monkeypatch):

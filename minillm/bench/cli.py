@@ -9,14 +9,21 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import DEFAULT_MODEL, DTYPES, CliError, bad_input, parse_device, write_json
+from ..cli import DEFAULT_MODEL, DTYPES, CliError, bad_input, parse_device
 from ..core.checkpoints import load, resolve
 from ..core.device import set_threads_from_env
 from ..core.hf_config import config_from_hf
 from . import generation as bench
+from . import report
 from .batching import BatchingBench, bench_batching, check_goals, format_batching
 from .decoding import DecodingBench, bench_decoding, format_decoding
 from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
+
+
+def write_json(path: Path, figures: dict) -> None:
+    """Write a command's figures to the JSON file it was given, and say where."""
+    report.write_json(path, figures)
+    print(f"figures written to {path}")
 
 
 def cmd_bench_generate(args: argparse.Namespace) -> int:

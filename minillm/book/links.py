@@ -54,7 +54,10 @@ BOX = re.compile(r"\n*^:::\{admonition\} Code for this chapter\n.*?^:::[ \t]*$",
 
 def _source_module(module: str, name: str) -> str:
     """Where ``from module import name`` really comes from: the module itself, or, for a name
-    the package re-exports (``from minillm import generate``), the module that defines it."""
+    the package re-exports (``from minillm import generate``), the module that defines it.
+    Kernel modules are never imported here (Triton may be missing): they are named as they are."""
+    if module.split(".")[0] != "minillm":
+        return module
     try:
         importlib.import_module(f"{module}.{name}")
         return f"{module}.{name}"  # a submodule

@@ -172,10 +172,7 @@ def load_state_dict(
     tensors: dict[str, torch.Tensor] = {}
     unexpected = []
     for file in _weight_files(directory):
-        try:
-            unexpected += _read_tensors(file, expected, dtype, device, skip, tensors)
-        except (SafetensorError, OSError, RuntimeError) as e:  # truncated, corrupt, not safetensors at all
-            raise CheckpointError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from e
+        unexpected += _read_tensors(file, expected, dtype, device, skip, tensors)
     missing = sorted(set(expected) - set(tensors))
     if missing or unexpected:
         parts = []
@@ -190,22 +187,31 @@ def load_state_dict(
 
 
 def _read_tensors(file: Path, expected, dtype, device, skip, tensors: dict) -> list[str]:
-    """Tensors of one safetensors file into ``tensors``, checked by name and shape; the unexpected names."""
+    """Tensors of one safetensors file into ``tensors``, checked by name and shape; the unexpected names.
+
+    Only reading the file is wrapped: a truncated or corrupt file is a CheckpointError naming it,
+    while moving a tensor to the device (out of memory, say) fails as itself."""
     unexpected = []
-    with safe_open(str(file), framework="pt") as f:
-        for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-            name = key.removeprefix("model.")
-            if name.endswith(IGNORED_SUFFIXES) or name in skip:
-                continue
-            if name not in expected:
-                unexpected.append(key)
-                continue
-            t = f.get_tensor(key)
-            if t.shape != expected[name]:
-                raise CheckpointError(
-                    f"shape mismatch for tensor {key!r}: expected {tuple(expected[name])}, got {tuple(t.shape)}"
-                )
-            tensors[name] = t.to(device=device, dtype=dtype)
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                name = key.removeprefix("model.")
+                if name.endswith(IGNORED_SUFFIXES) or name in skip:
+                    continue
+                if name not in expected:
+                    unexpected.append(key)
+                    continue
+                t = f.get_tensor(key)
+                if t.shape != expected[name]:
+                    raise CheckpointError(
+                        f"shape mismatch for tensor {key!r}: expected {tuple(expected[name])}, got {tuple(t.shape)}"
+                    )
+                tensors[name] = t
+    except (SafetensorError, OSError) as e:  # truncated, corrupt, not safetensors at all
+        raise CheckpointError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from e
+    for name in list(tensors):
+        if tensors[name].device != torch.device(device) or tensors[name].dtype != dtype:
+            tensors[name] = tensors[name].to(device=device, dtype=dtype)
     return unexpected
 
 
