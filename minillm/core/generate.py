@@ -23,7 +23,7 @@ from torch import Tensor
 from .cache import Cache, KVCache
 from .device import synchronize
 from .model import Transformer
-from .prompts import check_vocabulary, token_rows
+from .prompts import check_vocabulary, token_id_tuple, token_rows
 from .sampling import SamplingParams, sample
 
 
@@ -94,14 +94,16 @@ def check_request(prompts: list[list[int]], max_new_tokens: int, config) -> None
 
 
 def resolve_eos(eos_token_id, config) -> tuple[int, ...]:
-    """The stop ids: "config" takes the model's own, None means never stop early."""
+    """The stop ids: "config" takes the model's own, None means never stop early; otherwise an id
+    or a collection of ids, each checked."""
     if isinstance(eos_token_id, str):
         if eos_token_id != "config":
             raise ValueError(f"eos_token_id must be an id, a list of ids, None or 'config', got {eos_token_id!r}")
         return config.eos_ids
     if eos_token_id is None:
         return ()
-    return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+    ids = (eos_token_id,) if not isinstance(eos_token_id, (Sequence, set, frozenset)) else eos_token_id
+    return token_id_tuple(ids, "eos_token_id")
 
 
 @torch.inference_mode()

@@ -24,14 +24,27 @@ def _describe(value: object) -> str:
 
 
 def _is_int(x: object) -> bool:
+    if isinstance(x, (torch.Tensor, np.ndarray)) and x.ndim == 0:  # a 0-d tensor or array holds one value
+        return x.dtype not in (torch.bool, np.bool_) and not (
+            x.dtype.is_floating_point if isinstance(x, torch.Tensor) else x.dtype.kind not in "iu"
+        )
     return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_sequence(x: object) -> bool:
+    """A row of ids: a list or tuple, or a tensor or array of at least one dimension (not text)."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return x.ndim > 0
+    return isinstance(x, Sequence) and not isinstance(x, (str, bytes))
 
 
 def _row(row: object, what: str) -> list[int]:
     if isinstance(row, (str, bytes)):
         raise ValueError(f"{what} is text ({_describe(row)}); encode it with the tokenizer first: {EXPECTED}")
     if isinstance(row, (np.ndarray, torch.Tensor)):
-        return token_rows(row)[0] if row.ndim == 1 else _row(list(row), what)
+        if row.ndim != 1:
+            raise ValueError(f"{what} must be one row of ids, got shape {tuple(row.shape)}; expected {EXPECTED}")
+        return token_rows(row)[0]
     if not isinstance(row, Sequence):
         raise ValueError(f"{what} must be a sequence of ints, got {_describe(row)}; expected {EXPECTED}")
     bad = [x for x in row if not _is_int(x)]
@@ -48,7 +61,10 @@ def token_rows(input_ids: object) -> list[list[int]]:
     if isinstance(input_ids, (str, bytes)):
         raise ValueError(f"the prompt is text ({_describe(input_ids)}); encode it with the tokenizer first: {EXPECTED}")
     if isinstance(input_ids, np.ndarray):
-        input_ids = torch.from_numpy(input_ids) if input_ids.dtype != object else input_ids.tolist()
+        if input_ids.dtype.kind not in "iub":  # floats, text, objects: no integer tensor to make
+            kind = "text" if input_ids.dtype.kind in "USO" else f"dtype {input_ids.dtype}"
+            raise ValueError(f"input_ids must be an integer array, got {kind}; expected {EXPECTED}")
+        input_ids = torch.from_numpy(input_ids)
     if isinstance(input_ids, torch.Tensor):
         if input_ids.dtype in (torch.bool,) or input_ids.is_floating_point() or input_ids.is_complex():
             raise ValueError(f"input_ids must be an integer tensor, got dtype {input_ids.dtype}; expected {EXPECTED}")
@@ -63,7 +79,7 @@ def token_rows(input_ids: object) -> list[list[int]]:
         raise ValueError(f"input_ids must be {EXPECTED}; got {_describe(input_ids)}")
     if len(input_ids) == 0:
         raise ValueError("input_ids is empty: every prompt needs at least one token")
-    rows = [isinstance(x, (Sequence, np.ndarray, torch.Tensor)) and not isinstance(x, (str, bytes)) for x in input_ids]
+    rows = [_is_sequence(x) for x in input_ids]
     if not any(rows):  # one prompt: a list of (what should be) ids
         return [_row(input_ids, "the prompt")]
     if not all(rows):
@@ -81,3 +97,14 @@ def check_vocabulary(rows: list[list[int]], vocab_size: int) -> None:
                 f"token ids must be in the vocabulary [0, {vocab_size}): prompt {i} holds id {bad} "
                 f"(its ids run from {low} to {high})"
             )
+
+
+def token_id_tuple(ids: object, what: str) -> tuple[int, ...]:
+    """Token ids such as stop or EOS ids as a tuple of ints: a collection of non-negative ints
+    (a single int is refused, so that ``stop_ids=7`` is caught instead of failing later)."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, set, frozenset)):
+        raise ValueError(f"{what} must be a collection of token ids such as (7,), got {ids!r}")
+    bad = [x for x in ids if not _is_int(x) or int(x) < 0]
+    if bad:
+        raise ValueError(f"{what} must hold non-negative token ids, got {bad[0]!r} in {ids!r}")
+    return tuple(int(x) for x in ids)

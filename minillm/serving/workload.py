@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.prompts import token_rows
+from ..core.prompts import token_id_tuple, token_rows
 from ..core.sampling import SamplingParams
 from ..measure.arrivals import poisson_arrivals
 
@@ -63,20 +63,9 @@ class Request:
             raise ValueError(f"arrival must be a finite time >= 0, got {self.arrival!r}")
         if not isinstance(self.params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(self.params).__name__} {self.params!r}")
-        self.stop_ids = stop_id_tuple(self.stop_ids)
+        self.stop_ids = token_id_tuple(self.stop_ids, "stop_ids")
         if self.id is not None and (isinstance(self.id, bool) or not isinstance(self.id, int) or self.id < 0):
             raise ValueError(f"id must be a non-negative integer or None, got {self.id!r}")
-
-
-def stop_id_tuple(stop_ids: object) -> tuple[int, ...]:
-    """Stop ids as a tuple of ints: a collection of ints (a single int is refused, so that a typo
-    like ``stop_ids=7`` is caught instead of failing later inside the engine)."""
-    if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, (Sequence, set, frozenset)):
-        raise ValueError(f"stop_ids must be a collection of token ids such as (7,), got {stop_ids!r}")
-    bad = [x for x in stop_ids if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0]
-    if bad:
-        raise ValueError(f"stop_ids must hold non-negative token ids, got {bad[0]!r} in {stop_ids!r}")
-    return tuple(int(x) for x in stop_ids)
 
 
 @dataclass(frozen=True)

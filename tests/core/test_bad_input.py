@@ -19,6 +19,7 @@ from minillm.core.hf_config import config_from_hf
 from minillm.core.prompts import token_rows
 from minillm.core.sampling import SamplingParams
 from minillm.decoding.lookahead import lookahead_generate
+from minillm.decoding.medusa import MedusaHeads, medusa_generate
 from minillm.decoding.prompt_lookup import prompt_lookup_generate
 from minillm.decoding.speculative import speculative_generate
 from tests.conftest import tiny_model
@@ -158,7 +159,7 @@ def test_random_malformed_configs_give_only_checkpoint_errors(drop, changes):
         (["Rain", "fell"], r"holds str 'Rain', not an int"),
         ([["Rain"], [1]], r"holds str 'Rain'"),
         (torch.tensor([1.0, 2.0]), r"integer tensor, got dtype torch\.float32"),
-        (np.array([1.0, 2.0]), r"integer tensor, got dtype torch\.float64"),
+        (np.array([1.0, 2.0]), r"integer array, got dtype float64"),
         (torch.tensor([True, False]), r"integer tensor, got dtype torch\.bool"),
         ([True, False], r"holds bool True, not an int"),
         ([[1, 2], [3.0]], r"prompt 1 holds float 3\.0"),
@@ -225,3 +226,43 @@ def test_every_decoder_checks_its_prompt_as_generate_does(input_ids):
     for decode in decoders:
         with pytest.raises(ValueError, match="not an int|text|integer tensor|at least one token"):
             decode()
+
+
+@pytest.mark.parametrize(
+    "input_ids, rows",
+    [
+        ([torch.tensor(1), torch.tensor(2)], [[1, 2]]),
+        ([np.array(3), np.int64(4)], [[3, 4]]),
+        ([torch.tensor([1, 2]), torch.tensor([3])], [[1, 2], [3]]),
+    ],
+)
+def test_zero_dim_tensors_and_arrays_count_as_ids(input_ids, rows):
+    assert token_rows(input_ids) == rows
+
+
+@pytest.mark.parametrize(
+    "input_ids, match",
+    [
+        (np.array(["a", "b"]), "integer array, got text"),
+        ([torch.tensor(1.5)], "holds Tensor"),
+        ([torch.ones(2, 2, dtype=torch.long)], r"one row of ids, got shape \(2, 2\)"),
+    ],
+)
+def test_arrays_of_the_wrong_kind_are_named(input_ids, match):
+    with pytest.raises(ValueError, match=match):
+        token_rows(input_ids)
+
+
+@pytest.mark.parametrize(
+    "eos, match", [(2.5, "non-negative token ids, got 2.5"), ([1.5], "got 1.5"), (True, "got True")]
+)
+def test_eos_token_ids_are_checked(eos, match):
+    with pytest.raises(ValueError, match=match):
+        minillm.generate(tiny_model(), [1, 2], 3, eos_token_id=eos)
+
+
+def test_medusa_checks_its_prompt_too():
+    model = tiny_model()
+    heads = MedusaHeads(model.config.dim, 2)
+    with pytest.raises(ValueError, match="encode it with the tokenizer"):
+        medusa_generate(model, heads, "Rain fell", 3)
