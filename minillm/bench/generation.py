@@ -151,18 +151,15 @@ def _hf_timer(transformers, hf_model, prompt: list[int], new_tokens: int) -> Cal
     pad_id = hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else 0
 
     class TokenTimes(transformers.generation.BaseStreamer):
-        """Records when generate puts the prompt (its start) and when each new token reaches the host."""
+        """Records when each new token reaches the host; generate first puts the prompt."""
 
         def __init__(self) -> None:
-            self.start = float("nan")
             self.times: list[float] = []
             self.calls = 0
 
         def put(self, value) -> None:
             self.calls += 1
-            if self.calls == 1:
-                self.start = time.perf_counter()
-            else:
+            if self.calls > 1:
                 self.times.append(time.perf_counter())
 
         def end(self) -> None:
@@ -170,6 +167,7 @@ def _hf_timer(transformers, hf_model, prompt: list[int], new_tokens: int) -> Cal
 
     def run() -> Run:
         streamer = TokenTimes()
+        start = time.perf_counter()  # TTFT counts from the call, as minillm.generate's does
         with torch.inference_mode():
             # eos_token_id=None: never stop early and never suppress EOS, as minillm here; so
             # min_new_tokens only restates the length and greedy tokens stay comparable.
@@ -185,7 +183,7 @@ def _hf_timer(transformers, hf_model, prompt: list[int], new_tokens: int) -> Cal
             )
         t = streamer.times
         decode = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else float("nan")
-        ttft = t[0] - streamer.start if t else float("nan")
+        ttft = t[0] - start if t else float("nan")
         return Run(float("nan"), ttft, decode, out[0, len(prompt) :].tolist())
 
     return run

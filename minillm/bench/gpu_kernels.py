@@ -21,6 +21,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..core.attention import attention_reference
+from ..core.config import ceil_div
 from ..core.model import rms_norm_reference
 from ..kv.paged import paged_attention_decode
 from .roofline import measure_bandwidth
@@ -98,7 +99,7 @@ def _flash_error(case: tuple, dtype: torch.dtype, g: torch.Generator) -> float:
 def _paged_error(H, Hkv, hd, bs, lens, dtype, g) -> float:
     from kernels.paged_attention import paged_attention_decode_triton
 
-    B, width = len(lens), -(-max(lens) // bs)
+    B, width = len(lens), ceil_div(max(lens), bs)
     num_blocks = B * width + 5
     k_pool = _randn(num_blocks, bs, Hkv, hd, dtype=dtype, g=g)  # (num_blocks, bs, Hkv, hd)
     v_pool = _randn(num_blocks, bs, Hkv, hd, dtype=dtype, g=g)

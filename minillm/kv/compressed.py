@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..core.cache import KVCache, SlotBuffers, check_sizes
-from ..core.config import ModelConfig
+from ..core.config import ModelConfig, ceil_div
 
 
 class CrossLayerKVCache(KVCache):
@@ -32,7 +32,7 @@ class CrossLayerKVCache(KVCache):
         super().__init__(config, batch_size, max_len, dtype, device)
 
     def _stored_layers(self, config: ModelConfig) -> int:
-        return -(-config.n_layers // self.group)
+        return ceil_div(config.n_layers, self.group)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         owner, e = layer // self.group, self.length

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.config import ModelConfig, preset
+from ..core.config import ModelConfig, ceil_div, preset
 
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 _TORCH_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8"}
@@ -74,8 +74,8 @@ def hybrid_kv_bytes(
     attending to the whole context while the others keep a local ``window`` (MQA + mostly-local
     attention + cross-layer sharing, as Character.AI described for its serving models, 2024)."""
     n_kv_heads = n_kv_heads or config.n_kv_heads
-    stored = -(-config.n_layers // share_group)
-    n_global = -(-stored // global_every) if window else stored
+    stored = ceil_div(config.n_layers, share_group)
+    n_global = ceil_div(stored, global_every) if window else stored
     tokens = n_global * seq_len + (stored - n_global) * min(seq_len, window or seq_len)
     return 2 * n_kv_heads * config.head_dim * bytes_per_element(dtype) * tokens * batch
 

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..core.attention import attention_mask, attention_reference
 from ..core.cache import CacheFullError
-from ..core.config import ModelConfig
+from ..core.config import ModelConfig, ceil_div
 
 
 class PoolExhaustedError(CacheFullError):
@@ -41,7 +41,7 @@ class PoolExhaustedError(CacheFullError):
 
 def blocks_for(n_tokens: int, block_size: int) -> int:
     """Blocks needed to hold ``n_tokens`` tokens."""
-    return -(-n_tokens // block_size)
+    return ceil_div(n_tokens, block_size)
 
 
 def block_hash(parent: int | None, tokens: Sequence[int]) -> int:

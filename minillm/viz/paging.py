@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import ConnectionPatch, Rectangle
 
+from ..core.config import ceil_div
 from ..kv.paged import BlockManager
 
 
@@ -21,7 +22,7 @@ def plot_block_tables(
     seqs = list(lengths)
     width = max(len(manager.table(s)) for s in seqs)
     cols = 8
-    size = (11, 0.9 + 0.75 * max(len(seqs), -(-n // cols)))
+    size = (11, 0.9 + 0.75 * max(len(seqs), ceil_div(n, cols)))
     fig, (left, right) = plt.subplots(1, 2, figsize=size, gridspec_kw={"width_ratios": [width + 2.5, cols]})
     fill: dict[int, int] = {}
     colors = {s: f"C{i}" for i, s in enumerate(seqs)}
@@ -50,7 +51,7 @@ def plot_block_tables(
         label = f"{block}" + (f"\nref {refs[block]}" if shared else "")
         right.text(c + 0.45, -r + 0.4, label, ha="center", va="center", fontsize=7)
     left.set(xlim=(-3.2, width), ylim=(-0.3, len(seqs)), title="block tables (logical blocks, in order)")
-    rows = -(-n // cols)
+    rows = ceil_div(n, cols)
     right.set(
         xlim=(-0.1, cols),
         ylim=(-rows + 0.7, 0.9),

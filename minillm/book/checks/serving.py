@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from ...core.config import ceil_div
 from ...kv.paged import blocks_for, token_slot
 from ...measure.metrics import SLO, RequestMetrics, goodput
 from .base import passed, require
@@ -173,7 +174,7 @@ def check_batch_steps(fn: Callable) -> None:
         hint = f"output lengths {lens}, max batch {mb}: expected (static, continuous) = {want}, got {got}"
         if isinstance(got, tuple) and len(got) == 2 and got[0] != want[0]:
             hint += ": a static batch runs until its longest member is done: sum of each batch's maximum"
-        elif isinstance(got, tuple) and len(got) == 2 and got[1] == math.ceil(sum(lens) / mb):
+        elif isinstance(got, tuple) and len(got) == 2 and got[1] == ceil_div(sum(lens), mb):
             hint += ": that is the ideal; a request joins only when a place is free, first come first served"
         require(got == want, name, hint)
     passed(name, "static: the sum of each batch's longest; continuous: a freed place is refilled at the next step")
