@@ -24,7 +24,7 @@ from .bench.report import finish_provenance, format_table, provenance
 from .cli import DEFAULT_MODEL, DTYPES, ArgumentParser, CliError, bad_input, parse_device
 from .core.checkpoints import BUNDLED_DIR, bundled_models, load
 from .core.config import PRESETS, ModelConfig
-from .core.generate import GenerationResult, generate
+from .core.generate import GenerationResult, check_max_new_tokens, generate
 from .core.hf_config import config_from_hf
 from .core.model import Transformer
 from .core.sampling import SamplingParams
@@ -48,10 +48,9 @@ def human_count(n: int) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    with bad_input():
-        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)  # fail before loading
-    if args.max_new_tokens < 1:
-        raise CliError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
+    with bad_input():  # fail before loading
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        check_max_new_tokens(args.max_new_tokens)
     device = parse_device(args.device)
     with bad_input():
         model, tokenizer = load(args.model, device=device, dtype=DTYPES[args.dtype] if args.dtype else None)
@@ -134,10 +133,9 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def cmd_train_model(args: argparse.Namespace) -> int:
-    if args.steps is not None and args.steps < 1:
-        raise CliError(f"--steps must be a positive integer, got {args.steps}")
     torch.set_num_threads(os.cpu_count() or 1)
-    out = train_bundled(args.size, args.out, args.steps)
+    with bad_input():
+        out = train_bundled(args.size, args.out, args.steps)
     print(f"model written to {out}")
     return 0
 

@@ -14,7 +14,6 @@ hardware, dtype and model it came from.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,9 +22,11 @@ import torch
 
 from ..core.checkpoints import load, resolve
 from ..core.generate import generate
+from ..core.hf_config import config_from_hf, read_json
 from ..core.model import Transformer
 from ..core.tokenizer import Tokenizer
 from ..training.corpus import corpus_prompt
+from .hf import Run, hf_call, import_transformers
 from .report import finish_provenance, format_table, provenance
 from .timing import interleaved, repeat
 
@@ -33,16 +34,6 @@ GOAL_VS_TRANSFORMERS = 1.5  # minillm end-to-end tokens/s over transformers'
 GOAL_CACHE_SPEEDUP = 5.0  # KV cache tokens/s over recompute, at prompt GOAL_CACHE_PROMPT_LEN
 GOAL_CACHE_PROMPT_LEN = 512
 PROMPT_SEED = 0  # for the random prompt of a checkpoint that has no tokenizer
-
-
-@dataclass
-class Run:
-    """One timed generation."""
-
-    seconds: float  # wall time of the whole call, prefill included (measured by the timing harness)
-    ttft: float  # seconds to the first new token
-    decode_tokens_per_s: float  # tokens after the first / the time after the first
-    tokens: list[int]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,6 +50,33 @@ def _provenance(directory: Path, device: str, dtype: torch.dtype, repeats: int, 
         repeats=repeats,
         new_tokens=new_tokens,
     )
+
+
+@dataclass
+class GenerationBench:
+    """The options of ``python -m minillm bench generate``, checked before minutes of measuring:
+    the counts, and that every prompt length plus ``new_tokens`` fits the model's context."""
+
+    model: str = "minillm-target"
+    prompt_len: int = 64  # the prompt of minillm vs transformers
+    prompt_lens: Sequence[int] = (64, 256, 512)  # the prompts of cache vs recompute
+    new_tokens: int = 128
+    repeats: int = 5
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        _check_counts(self.repeats, self.new_tokens)
+        self.prompt_lens = tuple(self.prompt_lens)
+        lengths = [self.prompt_len, *self.prompt_lens]
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
+            raise ValueError(f"prompt lengths must be positive integers, got {lengths}")
+        context = config_from_hf(read_json(resolve(self.model) / "config.json")).max_seq_len
+        too_long = sorted({n for n in lengths if n + self.new_tokens > context})
+        if too_long:
+            raise ValueError(
+                f"prompt lengths {too_long} + new_tokens {self.new_tokens} exceed the context length "
+                f"{context} of {self.model}"
+            )
 
 
 def _check_counts(repeats: int, new_tokens: int) -> None:
@@ -133,62 +151,6 @@ def _all_same(runs: Sequence[Run], reference: Sequence[int]) -> bool:
 # minillm vs transformers
 
 
-def _import_transformers():
-    try:
-        import transformers
-    except ImportError as e:
-        raise ImportError(
-            "the comparison with Hugging Face transformers needs it installed: pip install "
-            "transformers (a dev dependency, in requirements-dev.txt)"
-        ) from e
-    return transformers
-
-
-def _hf_timer(transformers, hf_model, prompt: list[int], new_tokens: int) -> Callable[[], Run]:
-    """A function that runs one greedy ``hf_model.generate`` of exactly ``new_tokens`` tokens."""
-    device = hf_model.device
-    ids = torch.tensor([prompt], device=device)
-    pad_id = hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else 0
-
-    class TokenTimes(transformers.generation.BaseStreamer):
-        """Records when each new token reaches the host; generate first puts the prompt."""
-
-        def __init__(self) -> None:
-            self.times: list[float] = []
-            self.calls = 0
-
-        def put(self, value) -> None:
-            self.calls += 1
-            if self.calls > 1:
-                self.times.append(time.perf_counter())
-
-        def end(self) -> None:
-            pass
-
-    def run() -> Run:
-        streamer = TokenTimes()
-        start = time.perf_counter()  # TTFT counts from the call, as minillm.generate's does
-        with torch.inference_mode():
-            # eos_token_id=None: never stop early and never suppress EOS, as minillm here; so
-            # min_new_tokens only restates the length and greedy tokens stay comparable.
-            out = hf_model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                eos_token_id=None,
-                pad_token_id=pad_id,
-                streamer=streamer,
-            )
-        t = streamer.times
-        decode = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else float("nan")
-        ttft = t[0] - start if t else float("nan")
-        return Run(float("nan"), ttft, decode, out[0, len(prompt) :].tolist())
-
-    return run
-
-
 def bench_vs_transformers(
     model_name: str = "minillm-target",
     prompt_len: int = 64,
@@ -203,14 +165,14 @@ def bench_vs_transformers(
     and TTFT of each, the speedup ratios, and whether both made the same greedy tokens.
     """
     _check_counts(repeats, new_tokens)
-    transformers = _import_transformers()
+    transformers = import_transformers()
     directory = resolve(model_name)
     model, tokenizer = load(directory, device=device, dtype=dtype)
     prompt, source = make_prompt(model, tokenizer, prompt_len)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
     contenders = {
         "minillm": minillm_call(model, prompt, new_tokens),
-        "transformers": _hf_timer(transformers, hf_model, prompt, new_tokens),
+        "transformers": hf_call(transformers, hf_model, prompt, new_tokens),
     }
     runs = interleaved_runs(contenders, repeats, device)
     ours, theirs = summarize(runs["minillm"], new_tokens), summarize(runs["transformers"], new_tokens)

@@ -128,12 +128,13 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
     def _check_token_ids(self) -> None:
-        ids = {"bos_token_id": self.bos_token_id}
+        """EOS ids must be ids of this vocabulary (generation stops at them); BOS must be an id or
+        None, in any range (minillm never feeds it, and some checkpoints name a stray one)."""
+        bos = self.bos_token_id
+        if bos is not None and (not _is_int(bos) or bos < 0):
+            raise ValueError(f"ModelConfig.bos_token_id must be None or a non-negative id, got {_got(bos)}")
         eos = self.eos_token_id
-        if isinstance(eos, tuple):
-            ids.update({f"eos_token_id[{i}]": x for i, x in enumerate(eos)})
-        else:
-            ids["eos_token_id"] = eos
+        ids = {f"eos_token_id[{i}]": x for i, x in enumerate(eos)} if isinstance(eos, tuple) else {"eos_token_id": eos}
         for name, value in ids.items():
             if value is not None and (not _is_int(value) or not 0 <= value < self.vocab_size):
                 raise ValueError(

@@ -78,10 +78,14 @@ def recompute_step(model: Transformer, ids: Tensor, positions: Tensor) -> Tensor
     return model(ids, positions, last_only=True)[:, -1]
 
 
-def check_request(prompts: list[list[int]], max_new_tokens: int, config) -> None:
-    """Clear errors for what cannot be generated; nothing is ever silently truncated."""
+def check_max_new_tokens(max_new_tokens: object) -> None:
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+
+
+def check_request(prompts: list[list[int]], max_new_tokens: int, config) -> None:
+    """Clear errors for what cannot be generated; nothing is ever silently truncated."""
+    check_max_new_tokens(max_new_tokens)
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     check_vocabulary(prompts, config.vocab_size)

@@ -45,7 +45,8 @@ def _rope_from_hf(cfg: dict) -> tuple[float, RopeScaling]:
     before ``rope_type``)."""
     params = dict(_field(cfg, "rope_parameters", dict) or {})
     scaling = dict(_field(cfg, "rope_scaling", dict) or {})
-    theta = params.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+    theta = params.pop("rope_theta", None)
+    theta = _field(cfg, "rope_theta", (int, float), 10000.0) if theta is None else theta
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
         raise CheckpointError(f"config.json: rope_theta must be a positive number, got {theta!r}")
     merged = {**scaling, **params}
@@ -148,8 +149,8 @@ def _model_config(cfg: dict, family: str, theta: float, scaling: RopeScaling, wi
         n_kv_heads=n_heads if cfg.get("num_key_value_heads") is None else cfg["num_key_value_heads"],
         head_dim=cfg.get("head_dim"),  # None: ModelConfig checks that the heads divide the width
         ffn_dim=cfg["intermediate_size"],
-        max_seq_len=cfg.get("max_position_embeddings", 2048),
-        norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        max_seq_len=_field(cfg, "max_position_embeddings", int, 2048),
+        norm_eps=_field(cfg, "rms_norm_eps", (int, float), 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
         qkv_bias=family == "qwen2" or _flag(cfg, "attention_bias"),

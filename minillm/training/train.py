@@ -175,6 +175,8 @@ def train_bundled(size: str, out_dir: Path | None = None, steps: int | None = No
     if size not in BUNDLED_SHAPES:
         raise ValueError(f"size must be one of {sorted(BUNDLED_SHAPES)}, got {size!r}")
     config, tc = BUNDLED_SHAPES[size], BUNDLED_TRAINING[size]
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if steps is not None:
         tc = TrainConfig(**{**asdict(tc), "steps": steps, "eval_every": min(tc.eval_every, steps)})
     tokenizer = load_tokenizer()

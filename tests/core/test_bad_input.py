@@ -97,12 +97,16 @@ def test_a_corrupt_tokenizer_is_named(checkpoint):
         ({"architectures": "LlamaForCausalLM"}, "architectures must be list"),
         ({"rope_parameters": {"rope_type": "default", "rope_theta": "big"}}, "rope_theta must be a positive number"),
         ({"hidden_size": 100, "num_attention_heads": 3, "head_dim": None}, r"dim \(100\) is not divisible by n_heads"),
-        ({"bos_token_id": 99999}, r"bos_token_id must be None or an id in \[0, 4096\)"),
+        ({"bos_token_id": -1}, r"bos_token_id must be None or a non-negative id"),
+        ({"eos_token_id": [0, 99999]}, None),  # generation_config.json's eos wins: checked below
         ({"max_position_embeddings": 0}, r"max_position_embeddings \(ModelConfig.max_seq_len\) must be a positive"),
     ],
 )
 def test_config_fields_are_checked_and_named(checkpoint, changes, match):
     rewrite_config(checkpoint, **changes)
+    if match is None:
+        (checkpoint / "generation_config.json").write_text('{"eos_token_id": [0, 99999]}')
+        match = r"eos_token_id\[1\] must be None or an id in \[0, 4096\)"
     with pytest.raises(CheckpointError, match=match) as info:
         minillm.load(checkpoint, device="cpu")
     assert str(checkpoint) in str(info.value)
