@@ -8,7 +8,6 @@ below it can say where it came from.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import random
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..bench.report import load_results
 from ..core.device import best_device, hardware_description, set_threads_from_env
 from ..viz.style import set_plot_style
 
@@ -83,12 +83,9 @@ def setup(seed: int = 0, device: str | None = None, scale: str | None = None, qu
     return ctx
 
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
-
-
 def saved_results(name: str, results_dir: Path | None = None) -> dict[str, dict]:
-    """Figures saved by the benchmark commands, ``results/<hardware>/<name>.json``, by hardware folder.
+    """Figures saved by the benchmark commands, ``results/<hardware>/<name>.json``, by hardware
+    folder (the results store of ``minillm.bench.report``).
 
     Empty when the package is installed without the repository's results (e.g. pip on Colab)."""
-    root = Path(results_dir) if results_dir else RESULTS_DIR
-    return {p.parent.name: json.loads(p.read_text()) for p in sorted(root.glob(f"*/{name}.json"))}
+    return load_results(name, results_dir)
