@@ -21,9 +21,19 @@ import torch
 
 from .bench.cli import add_bench, write_json
 from .bench.report import finish_provenance, format_table, provenance
-from .cli import DEFAULT_MODEL, DTYPES, ArgumentParser, CliError, bad_input, parse_device
+from .cli import (
+    DEFAULT_MODEL,
+    DTYPES,
+    ArgumentParser,
+    CliError,
+    add_threads_option,
+    bad_input,
+    parse_device,
+    threads_label,
+)
 from .core.checkpoints import BUNDLED_DIR, bundled_models, load
 from .core.config import PRESETS, ModelConfig
+from .core.device import set_threads
 from .core.generate import GenerationResult, check_max_new_tokens, generate
 from .core.hf_config import config_from_hf
 from .core.model import Transformer
@@ -85,6 +95,8 @@ def timing_line(result: GenerationResult, model: Transformer) -> str:
     tpot = f"{1e3 * result.tpot:.1f} ms" if n > 1 else "n/a"
     rate = f"{result.decode_tokens_per_s:.1f} tokens/s" if n > 1 else "n/a tokens/s"
     where = f"{model.config.name}, {model.device.type}, {str(model.dtype).removeprefix('torch.')}"
+    if model.device.type == "cpu":
+        where += f", {threads_label(torch.get_num_threads())}"
     return f"TTFT {1e3 * result.ttft:.1f} ms | TPOT {tpot} | {rate} (decode) | {n} new tokens ({where})"
 
 
@@ -212,6 +224,7 @@ def add_generate(commands) -> None:
         default=None,
         help="weights' dtype (default: float32 on a CPU, the checkpoint's own on a GPU)",
     )
+    add_threads_option(p)
     p.set_defaults(handler=cmd_generate)
 
 
@@ -245,6 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m minillm`` and the ``minillm`` script; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "threads"):
+            with bad_input():
+                set_threads(args.threads)
         return args.handler(args)
     except CliError as e:
         message = " ".join(str(e).split())  # one line, even when a library's message has several

@@ -51,3 +51,16 @@ def parse_device(name: str | None) -> str:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise CliError(f"device {name!r} asked for, but MPS is not available on this machine")
     return str(device)
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for PyTorch (default: MINILLM_THREADS when set, else PyTorch's own choice)",
+    )
+
+
+def threads_label(n: int) -> str:
+    return f"{n} thread{'s' if n != 1 else ''}"

@@ -54,6 +54,7 @@ class DecodingBench:
     repeats: int = 3  # timed rounds after a warmup
     k: int = 4  # speculative decoding's draft tokens per round
     device: str = "cpu"
+    progress: bool = False  # a progress bar of the timed rounds (on stderr)
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_len", "new_tokens", "repeats", "k"):
@@ -94,12 +95,14 @@ def decoding_methods(
     return methods
 
 
-def time_methods(methods: dict[str, Method], prompts: list[list[int]], repeats: int, device) -> dict[str, dict]:
+def time_methods(
+    methods: dict[str, Method], prompts: list[list[int]], repeats: int, device, progress: str | None = None
+) -> dict[str, dict]:
     """Per method: seconds per round over all prompts (``timing.interleaved``: a warmup first, order
     alternating), the tokens of each prompt and its statistics (those of the first timed round:
     every round makes the same)."""
     rounds = {name: (lambda method=method: [method(p) for p in prompts]) for name, method in methods.items()}
-    timings = interleaved(rounds, repeats, device)
+    timings = interleaved(rounds, repeats, device, progress=progress)
     out = {}
     for name, timing in timings.items():
         runs = timing.values[0]
@@ -185,7 +188,8 @@ def bench_decoding(options: DecodingBench | None = None) -> dict:
         k=o.k,
         prompt_source="corpus text (validation split)",
     )
-    timed = time_methods(decoding_methods(target, draft, heads, o.new_tokens, o.k), prompts, o.repeats, target.device)
+    methods = decoding_methods(target, draft, heads, o.new_tokens, o.k)
+    timed = time_methods(methods, prompts, o.repeats, target.device, "decoding methods" if o.progress else None)
     costs, base = extra_costs(target_dir, draft, draft_dir, heads), timed["greedy"]
     models = {"target": target, "draft": draft}
     forward_ms = {name: measure_forward_ms(m, repeats=20, statistic="median") for name, m in models.items()}
@@ -207,6 +211,15 @@ def bench_decoding(options: DecodingBench | None = None) -> dict:
     return finish_provenance(record | {"rows": rows, "forward_ms_by_new_tokens": forward_ms})
 
 
+def _acceptance(rates: list[float]) -> str:
+    """Acceptance by draft position; '-' for a position no round reached (no rate to give)."""
+    return " ".join("-" if a != a else f"{a:.2f}" for a in rates) or "-"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
 def format_decoding(result: dict) -> str:
     columns = {
         "method": "method",
@@ -218,10 +231,10 @@ def format_decoding(result: dict) -> str:
         "extra_training": "extra training",
         "same_greedy_tokens": "same tokens",
     }
-    rows = [{**r, "acceptance": " ".join(f"{a:.2f}" for a in r["acceptance_rates"]) or "-"} for r in result["rows"]]
+    rows = [{**r, "acceptance": _acceptance(r["acceptance_rates"])} for r in result["rows"]]
     title = (
         f"{result['benchmark']}: {result['target']} (draft {result['draft']}), {result['dtype']}, batch 1, "
-        f"{result['n_prompts']} prompts x {result['new_tokens']} new tokens, median of {result['repeats']}\n"
+        f"{_count(result['n_prompts'], 'prompt')} x {result['new_tokens']} new tokens, median of {result['repeats']}\n"
         f"{result['hardware']}"
     )
     lines = [

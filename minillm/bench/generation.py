@@ -30,9 +30,6 @@ from .hf import Run, hf_call, import_transformers
 from .report import finish_provenance, format_table, provenance
 from .timing import interleaved, repeat
 
-GOAL_VS_TRANSFORMERS = 1.5  # minillm end-to-end tokens/s over transformers'
-GOAL_CACHE_SPEEDUP = 5.0  # KV cache tokens/s over recompute, at prompt GOAL_CACHE_PROMPT_LEN
-GOAL_CACHE_PROMPT_LEN = 512
 PROMPT_SEED = 0  # for the random prompt of a checkpoint that has no tokenizer
 
 
@@ -117,10 +114,12 @@ def minillm_call(model: Transformer, prompt: list[int], new_tokens: int, use_cac
     return run
 
 
-def interleaved_runs(contenders: Mapping[str, Callable[[], Run]], repeats: int, device) -> dict[str, list[Run]]:
+def interleaved_runs(
+    contenders: Mapping[str, Callable[[], Run]], repeats: int, device, progress: str | None = None
+) -> dict[str, list[Run]]:
     """The contenders through the timing harness (a warm-up round, then ``repeats`` rounds taking
     turns), each run with the wall seconds the harness measured around it."""
-    timings = interleaved(contenders, repeats, device)
+    timings = interleaved(contenders, repeats, device, progress=progress)
     return {name: [replace(run, seconds=s) for s, run in zip(t.seconds, t.values)] for name, t in timings.items()}
 
 
@@ -158,6 +157,7 @@ def bench_vs_transformers(
     repeats: int = 5,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
+    progress: bool = False,
 ) -> dict:
     """minillm.generate (with its KV cache) against transformers' ``generate`` on the same weights.
 
@@ -174,7 +174,7 @@ def bench_vs_transformers(
         "minillm": minillm_call(model, prompt, new_tokens),
         "transformers": hf_call(transformers, hf_model, prompt, new_tokens),
     }
-    runs = interleaved_runs(contenders, repeats, device)
+    runs = interleaved_runs(contenders, repeats, device, "minillm vs transformers" if progress else None)
     ours, theirs = summarize(runs["minillm"], new_tokens), summarize(runs["transformers"], new_tokens)
     reference = runs["transformers"][0].tokens
     mismatch = first_mismatch(runs["minillm"][0].tokens, reference)
@@ -208,6 +208,7 @@ def bench_cache_vs_recompute(
     repeats: int = 5,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
+    progress: bool = False,
 ) -> dict:
     """minillm.generate with ``use_cache=True`` against ``use_cache=False`` at each prompt length.
 
@@ -231,7 +232,7 @@ def bench_cache_vs_recompute(
             "cache": minillm_call(model, prompt, new_tokens, use_cache=True),
             "recompute": minillm_call(model, prompt, new_tokens, use_cache=False),
         }
-        runs = interleaved_runs(contenders, repeats, device)
+        runs = interleaved_runs(contenders, repeats, device, f"prompt {prompt_len}" if progress else None)
         rows.append(_cache_row(prompt_len, runs, new_tokens))
     return finish_provenance(
         {
@@ -259,31 +260,7 @@ def _cache_row(prompt_len: int, runs: dict[str, list[Run]], new_tokens: int) -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# Goals and tables
-
-
-def check_goals(vs_transformers: dict | None, cache_vs_recompute: dict | None) -> list[dict]:
-    """The issue's two goals against the figures: status MET, NOT MET or NOT MEASURED."""
-    speedup = vs_transformers["speedup"] if vs_transformers else None
-    rows = cache_vs_recompute["rows"] if cache_vs_recompute else []
-    cache = next((r["speedup"] for r in rows if r["prompt_len"] == GOAL_CACHE_PROMPT_LEN), None)
-    goals = [
-        (f"minillm >= {GOAL_VS_TRANSFORMERS}x transformers tokens/s (end to end)", GOAL_VS_TRANSFORMERS, speedup),
-        (
-            f"KV cache >= {GOAL_CACHE_SPEEDUP}x recompute tokens/s at prompt {GOAL_CACHE_PROMPT_LEN}",
-            GOAL_CACHE_SPEEDUP,
-            cache,
-        ),
-    ]
-    return [
-        {
-            "goal": goal,
-            "target": target,
-            "measured": measured,
-            "status": "NOT MEASURED" if measured is None else "MET" if measured >= target else "NOT MET",
-        }
-        for goal, target, measured in goals
-    ]
+# Tables
 
 
 def format_vs_transformers(result: dict) -> str:
@@ -318,11 +295,6 @@ def format_cache_vs_recompute(result: dict) -> str:
         "same_greedy_tokens": "same tokens",
     }
     return format_table(result["rows"], columns, title=_title(result))
-
-
-def format_goals(goals: Sequence[dict]) -> str:
-    rows = [{**g, "measured": None if g["measured"] is None else f"{g['measured']:.2f}x"} for g in goals]
-    return format_table(rows, {"goal": "goal", "measured": "measured", "status": "status"}, title="Goals")
 
 
 def _title(result: dict, prompt: str = "") -> str:

@@ -39,6 +39,7 @@ class KVBench:
     repeats: int = 3  # timed runs of each technique, taking turns; the median is reported
     device: str | torch.device | None = None
     dtype: torch.dtype | None = None
+    progress: bool = False  # a progress bar per context (on stderr)
 
     def __post_init__(self):
         self.contexts = tuple(self.contexts)
@@ -171,6 +172,7 @@ def _rows_at(context: int, chosen: dict[str, tuple[Technique, Transformer]], o: 
         o.repeats,
         o.device,
         after=lambda name: roll_back(caches[name], o.new_tokens),
+        progress=f"context {context}" if o.progress else None,
     )
     rows = []
     for name, (tech, model) in chosen.items():

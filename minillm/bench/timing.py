@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from ..core.device import synchronize
 
@@ -89,23 +90,28 @@ def interleaved(
     device: str | torch.device | None = None,
     warmup: int = 1,
     after: Callable[[str], None] | None = None,
+    progress: str | None = None,
 ) -> dict[str, Timing]:
     """Time each contender ``repeats`` times, taking turns (order reversed every other repeat),
     after ``warmup`` untimed rounds. ``after(name)`` runs outside the timed region after each call
-    (e.g. rolling a cache back to where it was)."""
+    (e.g. rolling a cache back to where it was). ``progress`` names a progress bar of the calls
+    (tqdm, on stderr); None shows none."""
     check_repeats(repeats, warmup)
     if not contenders:
         raise ValueError("nothing to time: no contenders given")
     names = list(contenders)
     timings = {name: Timing() for name in names}
-    for r in range(warmup + repeats):
-        for name in names if r % 2 == 0 else names[::-1]:
-            seconds, value = timed(contenders[name], device)
-            if after is not None:
-                after(name)
-            if r >= warmup:
-                timings[name].seconds.append(seconds)
-                timings[name].values.append(value)
+    total = (warmup + repeats) * len(names)
+    with tqdm(total=total, desc=progress, unit="run", disable=progress is None, leave=False) as bar:
+        for r in range(warmup + repeats):
+            for name in names if r % 2 == 0 else names[::-1]:
+                seconds, value = timed(contenders[name], device)
+                if after is not None:
+                    after(name)
+                if r >= warmup:
+                    timings[name].seconds.append(seconds)
+                    timings[name].values.append(value)
+                bar.update()
     return timings
 
 

@@ -46,12 +46,24 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def set_threads(threads: int | None = None) -> int:
+    """Cap PyTorch's CPU threads at ``threads``, or at MINILLM_THREADS when that is set; returns the
+    count in force. Processes run side by side (the test suite runs two notebooks at once on two
+    cores) must not each take every core: oversubscribed, PyTorch's worker threads wait on each
+    other and a decode step gets tens of times slower."""
+    if threads is None:
+        env = os.environ.get("MINILLM_THREADS")
+        if env:
+            if not env.isdigit() or int(env) < 1:
+                raise ValueError(f"MINILLM_THREADS must be a positive integer, got {env!r}")
+            threads = int(env)
+    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
 def set_threads_from_env() -> None:
-    """MINILLM_THREADS=n caps PyTorch's CPU threads. Notebooks run side by side (the test suite
-    runs two at once on two cores) must not each take every core: oversubscribed, PyTorch's
-    worker threads wait on each other and a decode step gets tens of times slower."""
-    threads = os.environ.get("MINILLM_THREADS")
-    if threads:
-        if not threads.isdigit() or int(threads) < 1:
-            raise ValueError(f"MINILLM_THREADS must be a positive integer, got {threads!r}")
-        torch.set_num_threads(int(threads))
+    """MINILLM_THREADS=n caps PyTorch's CPU threads (see ``set_threads``)."""
+    set_threads(None)
