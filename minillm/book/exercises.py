@@ -18,8 +18,8 @@ from .links import sync_repository_links
 from .nbfiles import cell_source, dump_notebook, execute_notebook, read_notebook
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-STUB = "raise NotImplementedError  # your code here"
-REGION = re.compile(rf"^([ \t]*){re.escape(BEGIN)}[^\n]*\n.*?^[ \t]*{re.escape(END)}[^\n]*$", re.M | re.S)
+REGION = re.compile(rf"^([ \t]*){re.escape(BEGIN)}([^\n]*)\n.*?^[ \t]*{re.escape(END)}[^\n]*$", re.M | re.S)
+DEF = re.compile(r"^[ \t]*def (\w+)\(", re.M)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -30,8 +30,23 @@ def count_regions(source: str) -> int:
     return len(REGION.findall(source))
 
 
+def region_hint(begin_rest: str, before: str) -> str:
+    """What the stub tells the reader to do: the hint written after ``### BEGIN SOLUTION`` (as
+    ``### BEGIN SOLUTION: hint``), else the function the region is the body of."""
+    hint = begin_rest.strip().lstrip(":").strip()
+    if hint:
+        return hint
+    functions = DEF.findall(before)
+    return f"write the body of {functions[-1]}()" if functions else "write the code this exercise asks for"
+
+
+def stub_line(hint: str) -> str:
+    return f"raise NotImplementedError({hint!r})"
+
+
 def stub_source(source: str, only: int | None = None) -> str:
-    """Replace solution regions by a stub that raises, keeping their indentation.
+    """Replace solution regions by a stub that raises NotImplementedError with a one-line message
+    saying what to implement, keeping their indentation.
 
     ``only`` stubs just the region with that index (counted across the string), for tests that
     show each exercise's check fails without its solution."""
@@ -39,7 +54,9 @@ def stub_source(source: str, only: int | None = None) -> str:
 
     def replace(match: re.Match) -> str:
         i = next(counter)
-        return match.group(1) + STUB if only is None or i == only else match.group(0)
+        if only is not None and i != only:
+            return match.group(0)
+        return match.group(1) + stub_line(region_hint(match.group(2), source[: match.start()]))
 
     return REGION.sub(replace, source)
 

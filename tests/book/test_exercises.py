@@ -30,10 +30,32 @@ def test_exercises_are_in_sync_with_solutions(tmp_path):
 
 def test_stubs_replace_regions_and_keep_indentation():
     src = "def f(x):\n    ### BEGIN SOLUTION\n    y = x + 1\n    return y\n    ### END SOLUTION\n\nprint(f)\n"
-    assert ex.stub_source(src) == f"def f(x):\n    {ex.STUB}\n\nprint(f)\n"
+    stub = "raise NotImplementedError('write the body of f()')"
+    assert ex.stub_source(src) == f"def f(x):\n    {stub}\n\nprint(f)\n"
     two = src + src.replace("f(", "g(")
     assert ex.count_regions(two) == 2
-    assert ex.stub_source(two, only=1).count(ex.STUB) == 1 and "return y" in ex.stub_source(two, only=1)
+    assert ex.stub_source(two, only=1).count("NotImplementedError") == 1 and "return y" in ex.stub_source(two, only=1)
+    assert "write the body of g()" in ex.stub_source(two, only=1)
+
+
+def test_a_stub_says_what_to_implement():
+    """The hint after ``### BEGIN SOLUTION:`` becomes the stub's message; it runs and says it."""
+    src = "def f(x):\n    ### BEGIN SOLUTION: add one to x\n    return x + 1\n    ### END SOLUTION\n"
+    namespace: dict = {}
+    exec(ex.stub_source(src), namespace)
+    with pytest.raises(NotImplementedError, match="^add one to x$"):
+        namespace["f"](1)
+    assert ex.stub_source("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n") == (
+        "raise NotImplementedError('write the code this exercise asks for')\n"
+    )
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_every_stub_in_the_exercises_names_what_to_implement(path):
+    for cell in nbfiles.read_notebook(ROOT / "exercises" / path.name)["cells"]:
+        for line in nbfiles.cell_source(cell).splitlines():
+            if "NotImplementedError" in line:
+                assert "NotImplementedError('" in line or 'NotImplementedError("' in line, line
 
 
 def _regions(nb) -> int:
