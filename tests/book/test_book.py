@@ -82,6 +82,9 @@ def test_every_chapter_has_the_same_frame(path):
     assert "setup(" in cells[2]["source"], "the first code cell after the install cell calls minillm.book.setup()"
     last = cells[-1]["source"]
     assert "## Key takeaways" in last and f"../exercises/{path.name}" in last
+    number = int(path.name[:2])
+    form = f"**Exercises:** [Chapter {number} exercises](../exercises/{path.name}): "
+    assert form in last, "one form of exercise link"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.name}-{p.stem}" for p in NOTEBOOKS])
