@@ -93,3 +93,13 @@ def test_notebooks_are_saved_with_outputs_and_without_errors(path):
     errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{path.name} was saved with an error output"
     assert sum(bool(c.get("outputs")) for c in code) >= len(code) // 2, f"{path.name} was saved without outputs"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_no_stderr_noise_in_a_chapter(path):
+    """Warnings, progress bars and debug lines on stderr do not belong in the rendered book: a cell
+    that cannot avoid them carries the remove-stderr tag and its committed stderr is dropped."""
+    for i, cell in enumerate(nbfiles.read_notebook(path)["cells"]):
+        if cell["cell_type"] == "code":
+            streams = [o for o in cell.get("outputs", []) if o.get("name") == "stderr"]
+            assert not streams, f"{path.name} cell {i} has stderr output: {''.join(streams[0]['text'])[:120]!r}"
