@@ -52,7 +52,12 @@ def test_a_stub_says_what_to_implement():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.stem)
 def test_every_stub_in_the_exercises_names_what_to_implement(path):
-    for cell in nbfiles.read_notebook(ROOT / "exercises" / path.name)["cells"]:
+    code = [c for c in nbfiles.read_notebook(ROOT / "exercises" / path.name)["cells"] if c["cell_type"] == "code"]
+    stubs = [line for cell in code for line in nbfiles.cell_source(cell).splitlines() if "NotImplementedError" in line]
+    assert stubs, f"{path.name} has no stub"
+    for line in stubs:
+        assert "write the body of" not in line, f"{path.name}: give this region a hint (### BEGIN SOLUTION: ...)"
+    for cell in code:
         for line in nbfiles.cell_source(cell).splitlines():
             if "NotImplementedError" in line:
                 assert "NotImplementedError('" in line or 'NotImplementedError("' in line, line
