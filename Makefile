@@ -46,6 +46,7 @@ gpu-check: setup
 	$(PY) -m minillm.bench.gpu
 
 book: setup
+	@$(PY) -m minillm.book.links --check
 	$(VENV)/bin/jupyter-book build . --warningiserror --keep-going
 
 execute: setup

@@ -159,3 +159,67 @@ def sync_repository_links(root: Path = Path(".")) -> list[Path]:
                 path.write_text(dump_notebook(synced), encoding="utf-8")
                 changed.append(path)
     return changed
+
+
+# ---------------------------------------------------------------------------------------------
+# Publishing: the book points at the repository it was built from
+
+PLACEHOLDER = "YOUR-ORG/minillm"
+CLONE = re.compile(r"^git clone \S+", re.M)
+CONFIG_URL = re.compile(r"^(  url: )https://github\.com/\S+", re.M)
+CONFIG_BRANCH = re.compile(r"^(  branch: )\S+", re.M)
+
+
+def check_repository(repo: str, branch: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}", repo or ""):
+        raise ValueError(f"a repository is 'owner/name', got {repo!r}")
+    if not re.fullmatch(r"[A-Za-z0-9._/-]{1,200}", branch or "") or ".." in branch:
+        raise ValueError(f"not a branch name: {branch!r}")
+
+
+def point_book_at(root: Path, repo: str, branch: str) -> list[Path]:
+    """Rewrite the book to point at ``repo`` (owner/name) and ``branch``: _config.yml's repository,
+    every chapter's and solution's Colab badge, install cell and code box, and how_to_run's clone
+    line. The publishing workflow runs this with its own repository; returns the changed files."""
+    check_repository(repo, branch)
+    changed = []
+    config = root / "_config.yml"
+    text = config.read_text()
+    new = CONFIG_BRANCH.sub(rf"\g<1>{branch}", CONFIG_URL.sub(rf"\g<1>https://github.com/{repo}", text))
+    if new != text:
+        config.write_text(new)
+        changed.append(config)
+    guide = root / "book" / "how_to_run.md"
+    if guide.is_file():
+        text = guide.read_text()
+        new = CLONE.sub(f"git clone https://github.com/{repo}.git", text)
+        if new != text:
+            guide.write_text(new)
+            changed.append(guide)
+    return changed + sync_repository_links(root)
+
+
+def placeholder_warning(root: Path = Path(".")) -> str | None:
+    """One line for ``make book`` when the links still name the placeholder repository."""
+    repo, _ = repository(root / "_config.yml")
+    if repo == PLACEHOLDER:
+        return (
+            f"note: the Colab badges and install cells point at {PLACEHOLDER}, which does not exist; "
+            "the publishing workflow (.github/workflows/book.yml) points them at its own repository"
+        )
+    return None
+
+
+if __name__ == "__main__":  # python -m minillm.book.links --repo owner/name --branch book | --check
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m minillm.book.links", description=point_book_at.__doc__)
+    parser.add_argument("--repo", help="owner/name to point the book at")
+    parser.add_argument("--branch", default="main", help="the branch the badges open (default: main)")
+    parser.add_argument("--check", action="store_true", help="only say whether the links name the placeholder")
+    args = parser.parse_args()
+    if args.check or not args.repo:
+        print(placeholder_warning() or "the book's links point at " + "/".join(repository(Path("_config.yml"))))
+    else:
+        for path in point_book_at(Path("."), args.repo, args.branch):
+            print(f"pointed {path} at {args.repo}@{args.branch}")

@@ -1,6 +1,7 @@
 """The book's structure: every chapter has the same frame, links follow the one repository URL in
 _config.yml, the table of contents lists exactly what exists, and nothing is saved broken."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,42 @@ def test_no_stderr_noise_in_a_chapter(path):
         if cell["cell_type"] == "code":
             streams = [o for o in cell.get("outputs", []) if o.get("name") == "stderr"]
             assert not streams, f"{path.name} cell {i} has stderr output: {''.join(streams[0]['text'])[:120]!r}"
+
+
+def test_the_book_can_be_pointed_at_any_repository(tmp_path):
+    """What the publishing workflow does, for a made-up repository: every Colab badge, install
+    cell, code-box link, the clone line and _config.yml name it, and nothing names the placeholder."""
+    for folder in ("chapters", "solutions", "book"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    shutil.copy(ROOT / "_config.yml", tmp_path / "_config.yml")
+    repo, branch = "someone-else/inference-book", "book"
+    changed = links.point_book_at(tmp_path, repo, branch)
+    assert len(changed) >= len(NOTEBOOKS) + 2
+    assert links.repository(tmp_path / "_config.yml") == (repo, branch)
+    assert f"git clone https://github.com/{repo}.git" in (tmp_path / "book" / "how_to_run.md").read_text()
+    for folder, badge_folder in (("chapters", "chapters"), ("solutions", "exercises")):
+        for path in sorted((tmp_path / folder).glob("*.ipynb")):
+            text = path.read_text()
+            assert links.PLACEHOLDER not in text, path.name
+            badge = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{badge_folder}/{path.name}"
+            assert badge in text, path.name
+            assert f"minillm @ git+https://github.com/{repo}@{branch}" in text, path.name
+            if folder == "chapters":
+                assert f"https://github.com/{repo}/blob/{branch}/minillm/" in text, path.name
+    assert links.placeholder_warning(tmp_path) is None and links.placeholder_warning(ROOT)
+    with pytest.raises(ValueError, match="owner/name"):
+        links.point_book_at(tmp_path, "not a repo", "main")
+
+
+def test_the_workflows_parse_and_run_the_projects_own_commands():
+    book = yaml.safe_load((ROOT / ".github/workflows/book.yml").read_text())
+    tests = yaml.safe_load((ROOT / ".github/workflows/tests.yml").read_text())
+    on = book.get("on", book.get(True))  # YAML 1.1 reads a bare `on` key as True
+    assert on["push"]["branches"] == ["main"]
+    steps = [s.get("run", "") for s in book["jobs"]["build"]["steps"]]
+    assert any('minillm.book.links --repo "${{ github.repository }}"' in s for s in steps)
+    assert any("make exercises" in s for s in steps) and any(s.strip() == "make book" for s in steps)
+    assert any('git push --force origin "$BOOK_BRANCH"' in s for s in steps)
+    assert "deploy-pages" in book["jobs"]["deploy"]["steps"][0]["uses"]
+    assert "pull_request" in tests.get("on", tests.get(True))
+    assert [s.get("run") for s in tests["jobs"]["test"]["steps"]][-1] == "make test"
