@@ -219,7 +219,8 @@ if __name__ == "__main__":  # python -m minillm.book.links --repo owner/name --b
     parser.add_argument("--check", action="store_true", help="only say whether the links name the placeholder")
     args = parser.parse_args()
     if args.check or not args.repo:
-        print(placeholder_warning() or "the book's links point at " + "/".join(repository(Path("_config.yml"))))
+        repo, branch = repository(Path("_config.yml"))
+        print(placeholder_warning() or f"the book's links point at {repo} (branch {branch})")
     else:
         for path in point_book_at(Path("."), args.repo, args.branch):
             print(f"pointed {path} at {args.repo}@{args.branch}")
