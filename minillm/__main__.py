@@ -29,11 +29,10 @@ from .cli import (
     add_threads_option,
     bad_input,
     parse_device,
-    threads_label,
 )
 from .core.checkpoints import BUNDLED_DIR, bundled_models, load
 from .core.config import PRESETS, ModelConfig
-from .core.device import set_threads
+from .core.device import set_threads, threads_label
 from .core.generate import GenerationResult, check_max_new_tokens, generate
 from .core.hf_config import config_from_hf
 from .core.model import Transformer

@@ -60,7 +60,3 @@ def add_threads_option(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="CPU threads for PyTorch (default: MINILLM_THREADS when set, else PyTorch's own choice)",
     )
-
-
-def threads_label(n: int) -> str:
-    return f"{n} thread{'s' if n != 1 else ''}"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import torch
 
-from ..cli import DEFAULT_MODEL, DTYPES, add_threads_option, bad_input, parse_device, threads_label
+from ..cli import DEFAULT_MODEL, DTYPES, add_threads_option, bad_input, parse_device
 from ..core.checkpoints import load
+from ..core.device import threads_label
 from . import generation as bench
 from . import report
 from .batching import BatchingBench, bench_batching, format_batching

@@ -68,9 +68,8 @@ def _source_module(module: str, name: str) -> str:
     return defined if isinstance(defined, str) and defined.split(".")[0] == module.split(".")[0] else module
 
 
-def _attribute_module(node: ast.Attribute, tree: ast.AST) -> str:
+def _attribute_module(node: ast.Attribute, parents: dict[ast.AST, ast.AST]) -> str:
     """The module behind the longest ``minillm.a.b.c`` chain that ``node`` (``minillm.a``) starts."""
-    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     chain = ["minillm", node.attr]
     while isinstance(parents.get(node), ast.Attribute):
         node = parents[node]
@@ -95,13 +94,14 @@ def chapter_modules(nb: dict) -> list[str]:
         lines = cell_source(cell).splitlines()  # IPython magics (%pip, !ls) become `pass`, keeping the indentation
         code = "\n".join(re.sub(r"^(\s*)[%!].*", r"\1pass", line) for line in lines)
         tree = ast.parse(code)
+        parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("minillm", "kernels"):
                 found.update(_source_module(node.module, alias.name) for alias in node.names)
             elif isinstance(node, ast.Import):
                 found.update(a.name for a in node.names if a.name.split(".")[0] in ("minillm", "kernels"))
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "minillm":
-                found.add(_attribute_module(node, tree))  # minillm.generate(...) after `import minillm`
+                found.add(_attribute_module(node, parents))  # minillm.generate(...) after `import minillm`
     # setup, loading and the table printer appear in every chapter: the box names the topic's code
     everywhere = ("minillm", "minillm.book", "minillm.bench.report", "minillm.core.checkpoints", "minillm.viz.style")
     return sorted((m for m in found if m not in everywhere and not m.startswith("minillm.book.")), key=_layer_order)

@@ -171,8 +171,10 @@ def load_state_dict(
     Tensors named in ``skip`` (or ending in IGNORED_SUFFIXES) are passed over if present."""
     tensors: dict[str, torch.Tensor] = {}
     unexpected = []
-    for file in _weight_files(directory):
-        unexpected += _read_tensors(file, expected, dtype, device, skip, tensors)
+    for file in _weight_files(directory):  # one shard at a time on the host, then on the device
+        read: dict[str, torch.Tensor] = {}
+        unexpected += _read_tensors(file, expected, skip, read)
+        tensors.update({name: t.to(device=device, dtype=dtype) for name, t in read.items()})
     missing = sorted(set(expected) - set(tensors))
     if missing or unexpected:
         parts = []
@@ -186,11 +188,11 @@ def load_state_dict(
     return tensors
 
 
-def _read_tensors(file: Path, expected, dtype, device, skip, tensors: dict) -> list[str]:
+def _read_tensors(file: Path, expected, skip, tensors: dict) -> list[str]:
     """Tensors of one safetensors file into ``tensors``, checked by name and shape; the unexpected names.
 
-    Only reading the file is wrapped: a truncated or corrupt file is a CheckpointError naming it,
-    while moving a tensor to the device (out of memory, say) fails as itself."""
+    Only reading the file is wrapped: a truncated or corrupt file is a CheckpointError naming it;
+    ``load_state_dict`` moves each file's tensors afterwards, so an out-of-memory error fails as itself."""
     unexpected = []
     try:
         with safe_open(str(file), framework="pt") as f:
@@ -209,9 +211,6 @@ def _read_tensors(file: Path, expected, dtype, device, skip, tensors: dict) -> l
                 tensors[name] = t
     except (SafetensorError, OSError) as e:  # truncated, corrupt, not safetensors at all
         raise CheckpointError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from e
-    for name in list(tensors):
-        if tensors[name].device != torch.device(device) or tensors[name].dtype != dtype:
-            tensors[name] = tensors[name].to(device=device, dtype=dtype)
     return unexpected
 
 

@@ -25,8 +25,12 @@ def hardware_description(device: str | torch.device = "cpu") -> str:
         name = f"{torch.cuda.get_device_name(device)} (cuda), CUDA {torch.version.cuda}"
     else:
         name = f"{cpu_name()} ({device.type})"
-    n = torch.get_num_threads()
-    return f"{name}, {n} thread{'s' if n > 1 else ''}, torch {torch.__version__}"
+    return f"{name}, {threads_label(torch.get_num_threads())}, torch {torch.__version__}"
+
+
+def threads_label(n: int) -> str:
+    """'1 thread', '2 threads': how every header and table title names the CPU threads."""
+    return f"{n} thread{'s' if n != 1 else ''}"
 
 
 def best_device() -> torch.device:

@@ -383,11 +383,12 @@ class Engine:
         ``progress`` shows a bar of requests done (tqdm, on stderr).
         """
         requests = list(requests)
-        given = [r.id for r in requests if r.id is not None]
+        seen: set[int] = set()
         for r in requests:
             self.check(r)
-            if r.id is not None and (r.id in self._ids or given.count(r.id) > 1):
+            if r.id is not None and (r.id in self._ids or r.id in seen):
                 raise ValueError(f"a request with id {r.id} was already added")
+            seen.add(r.id)
         ids = [self.add_request(r) for r in requests]
         bar = progress_bar(len(self._pending) + len(self.scheduler.waiting) + len(self.scheduler.running), progress)
         while self.unfinished:
