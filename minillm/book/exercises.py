@@ -12,13 +12,16 @@ from __future__ import annotations
 import copy
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from .links import sync_repository_links
 from .nbfiles import cell_source, dump_notebook, execute_notebook, read_notebook
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-REGION = re.compile(rf"^([ \t]*){re.escape(BEGIN)}([^\n]*)\n.*?^[ \t]*{re.escape(END)}[^\n]*$", re.M | re.S)
+REGION = re.compile(rf"^([ \t]*){re.escape(BEGIN)}([^\n]*)\n(.*?)^[ \t]*{re.escape(END)}[^\n]*$", re.M | re.S)
+HINT_MORE = re.compile(r"^[ \t]*###(?! END SOLUTION)(.*)$")  # a hint's continuation line
+PAGE_WIDTH = 88  # characters the book's code column holds (chapters/ruff.toml)
 DEF = re.compile(r"^[ \t]*def (\w+)\(", re.M)
 
 
@@ -30,18 +33,37 @@ def count_regions(source: str) -> int:
     return len(REGION.findall(source))
 
 
-def region_hint(begin_rest: str, before: str) -> str:
+def region_hint(begin_rest: str, body: str, before: str) -> str:
     """What the stub tells the reader to do: the hint written after ``### BEGIN SOLUTION`` (as
-    ``### BEGIN SOLUTION: hint``), else the function the region is the body of."""
-    hint = begin_rest.strip().lstrip(":").strip()
+    ``### BEGIN SOLUTION: hint``, continued on the ``### ...`` lines right below it), else the
+    function the region is the body of."""
+    parts = [begin_rest.strip().lstrip(":").strip()]
+    for line in body.splitlines():
+        more = HINT_MORE.match(line)
+        if not parts[0] or not more:
+            break
+        parts.append(more.group(1).strip())
+    hint = " ".join(p for p in parts if p)
     if hint:
         return hint
     functions = DEF.findall(before)
     return f"write the body of {functions[-1]}()" if functions else "write the code this exercise asks for"
 
 
-def stub_line(hint: str) -> str:
-    return f"raise NotImplementedError({hint!r})"
+def _quoted(text: str) -> str:
+    """A double-quoted Python string literal, as ruff formats them."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def stub_line(hint: str, indent: str = "", width: int = PAGE_WIDTH) -> str:
+    """``raise NotImplementedError(hint)``, wrapped over several string literals when one line at
+    ``indent`` would run past ``width`` (the book's code column)."""
+    one = f"raise NotImplementedError({_quoted(hint)})"
+    if len(indent) + len(one) <= width:
+        return one
+    pieces = textwrap.wrap(hint, width - len(indent) - 7, drop_whitespace=False)
+    inner = "".join(f"{indent}    {_quoted(piece)}\n" for piece in pieces)
+    return f"raise NotImplementedError(\n{inner}{indent})"
 
 
 def stub_source(source: str, only: int | None = None) -> str:
@@ -56,7 +78,8 @@ def stub_source(source: str, only: int | None = None) -> str:
         i = next(counter)
         if only is not None and i != only:
             return match.group(0)
-        return match.group(1) + stub_line(region_hint(match.group(2), source[: match.start()]))
+        indent, rest, body = match.group(1), match.group(2), match.group(3)
+        return indent + stub_line(region_hint(rest, body, source[: match.start()]), indent)
 
     return REGION.sub(replace, source)
 

@@ -2,6 +2,7 @@
 checks (the notebooks themselves run under nbval), and every exercise's check fails without its
 solution. The checkers also reject plausible wrong answers."""
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def test_exercises_are_in_sync_with_solutions(tmp_path):
 
 def test_stubs_replace_regions_and_keep_indentation():
     src = "def f(x):\n    ### BEGIN SOLUTION\n    y = x + 1\n    return y\n    ### END SOLUTION\n\nprint(f)\n"
-    stub = "raise NotImplementedError('write the body of f()')"
+    stub = 'raise NotImplementedError("write the body of f()")'
     assert ex.stub_source(src) == f"def f(x):\n    {stub}\n\nprint(f)\n"
     two = src + src.replace("f(", "g(")
     assert ex.count_regions(two) == 2
@@ -46,21 +47,36 @@ def test_a_stub_says_what_to_implement():
     with pytest.raises(NotImplementedError, match="^add one to x$"):
         namespace["f"](1)
     assert ex.stub_source("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n") == (
-        "raise NotImplementedError('write the code this exercise asks for')\n"
+        'raise NotImplementedError("write the code this exercise asks for")\n'
     )
+
+
+def _stub_messages(source: str) -> list:
+    """The argument of every ``raise NotImplementedError(...)`` in a cell (a %pip magic read as a pass)."""
+    code = "\n".join(line.replace("%pip", "pass  #") for line in source.splitlines())
+    raises = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)]
+    return [n.exc.args for n in raises if getattr(n.exc.func, "id", "") == "NotImplementedError"]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.stem)
 def test_every_stub_in_the_exercises_names_what_to_implement(path):
     code = [c for c in nbfiles.read_notebook(ROOT / "exercises" / path.name)["cells"] if c["cell_type"] == "code"]
-    stubs = [line for cell in code for line in nbfiles.cell_source(cell).splitlines() if "NotImplementedError" in line]
-    assert stubs, f"{path.name} has no stub"
-    for line in stubs:
-        assert "write the body of" not in line, f"{path.name}: give this region a hint (### BEGIN SOLUTION: ...)"
-    for cell in code:
-        for line in nbfiles.cell_source(cell).splitlines():
-            if "NotImplementedError" in line:
-                assert "NotImplementedError('" in line or 'NotImplementedError("' in line, line
+    stubs = [args for cell in code for args in _stub_messages(nbfiles.cell_source(cell))]
+    assert len(stubs) == _regions(nbfiles.read_notebook(path)), f"{path.name}: one stub per solution region"
+    for args in stubs:
+        assert len(args) == 1 and isinstance(args[0], ast.Constant), f"{path.name}: a stub raises with one message"
+        message = args[0].value
+        assert len(message) > 10, f"{path.name}: the stub's message is too short to say anything: {message!r}"
+        assert "write the body of" not in message, f"{path.name}: give this region a hint (### BEGIN SOLUTION: ...)"
+
+
+def test_a_long_hint_wraps_to_the_page_and_reads_back_whole():
+    hint = "take the target argmax per row, count the proposals matching it, and return the next argmax " * 2
+    source = f"def f():\n    ### BEGIN SOLUTION: {hint[:60]}\n    ### {hint[60:]}\n    return 1\n    ### END SOLUTION\n"
+    stub = ex.stub_source(source)
+    assert all(len(line) <= ex.PAGE_WIDTH for line in stub.splitlines()), stub
+    (args,) = _stub_messages(stub)
+    assert args[0].value == " ".join([hint[:60].strip(), hint[60:].strip()])
 
 
 def _regions(nb) -> int:
