@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ import torch
 from ..core.device import cpu_name, hardware_description
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
+# Characters a line of code or output may take: what the book's code column holds at 1280 px
+# (book/_static/page.css; chapters/ruff.toml formats notebook code to it).
+PAGE_WIDTH = 88
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +147,18 @@ def load_results(name: str, results_dir: str | Path | None = None) -> dict[str, 
 # Tables
 
 
+def join_fitting(parts: Sequence[str], sep: str = " | ", width: int = PAGE_WIDTH) -> str:
+    """``parts`` joined by ``sep``, starting a new line wherever the next part would run past
+    ``width``."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + len(sep) + len(part) <= width:
+            lines[-1] += sep + part
+        else:
+            lines.append(part)
+    return "\n".join(lines)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -157,21 +173,74 @@ def format_table(
     rows: Sequence[Mapping[str, Any]],
     columns: Mapping[str, str] | Sequence[str] | None = None,
     title: str | None = None,
+    width: int = PAGE_WIDTH,
+    keys: int = 1,
 ) -> str:
     """Rows of figures as an aligned text table. ``columns`` maps row keys to headers (default:
-    every key of the first row); numbers are right-aligned, text left-aligned."""
+    every key of the first row); numbers are right-aligned, text left-aligned.
+
+    Nothing is cut, and nothing runs past ``width`` characters as long as the key columns and any
+    one other column fit side by side: a table too wide first breaks its headers over up to three
+    lines, then continues its remaining columns in a second table (and a third...) that repeats
+    the first ``keys`` columns, which name the row. The title wraps."""
     if columns is None:
         columns = list(rows[0]) if rows else []
     headers = dict(columns) if isinstance(columns, Mapping) else {c: c for c in columns}
+    names = list(headers.values())
     cells = [[_cell(row.get(key)) for key in headers] for row in rows]
     numeric = [all(isinstance(row.get(key), (int, float)) for row in rows) for key in headers]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers.values())]
+    body = [max([0] + [len(r[i]) for r in cells]) for i in range(len(names))]
+    heads = [[h] for h in names]
+    if _span([max(len(h), b) for h, b in zip(names, body)]) > width:
+        heads = [_wrap_header(h, b) for h, b in zip(names, body)]
+    widths = [max([b] + [len(x) for x in h]) for h, b in zip(heads, body)]
+    keys = min(keys, len(names))
+    parts, part = [], []
+    for i in range(keys, len(names)):
+        if part and _span([widths[j] for j in [*range(keys), *part, i]]) > width:
+            parts.append(part)
+            part = []
+        part.append(i)
+    parts.append(part)
+    out = textwrap.wrap(title, width, break_on_hyphens=False) if title else []
+    for n, part in enumerate(parts):
+        shown = [*range(keys), *part]
+        if n:
+            out.append("")
+        out += _table_lines(
+            [heads[i] for i in shown],
+            [[r[i] for i in shown] for r in cells],
+            [widths[i] for i in shown],
+            [numeric[i] for i in shown],
+        )
+    return "\n".join(out)
 
+
+def _span(widths: Sequence[int]) -> int:
+    return sum(widths) + 2 * max(len(widths) - 1, 0)
+
+
+def _wrap_header(header: str, body_width: int) -> list[str]:
+    """A header over as few lines as fit the column's own width, at most three."""
+    longest_word = max((len(w) for w in header.split()), default=0)
+    for w in range(max(body_width, longest_word, 1), len(header) + 1):
+        lines = textwrap.wrap(header, w, break_on_hyphens=False) or [""]
+        if len(lines) <= 3:
+            return lines
+    return [header]
+
+
+def _table_lines(
+    heads: Sequence[list[str]], cells: Sequence[Sequence[str]], widths: Sequence[int], numeric: Sequence[bool]
+) -> list[str]:
     def line(values: Sequence[str]) -> str:
         parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
         return "  ".join(parts).rstrip()
 
-    out = [title] if title else []
-    out += [line(list(headers.values())), line(["-" * w for w in widths])]
+    depth = max(len(h) for h in heads)
+    # a wrapped header sits on the rule, its last line right above it
+    head_rows = [[""] * (depth - len(h)) + list(h) for h in heads]
+    out = [line([h[k] for h in head_rows]) for k in range(depth)]
+    out.append(line(["-" * w for w in widths]))
     out += [line(r) for r in cells]
-    return "\n".join(out)
+    return out

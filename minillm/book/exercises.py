@@ -15,13 +15,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+from ..bench.report import PAGE_WIDTH
 from .links import sync_repository_links
 from .nbfiles import cell_source, dump_notebook, execute_notebook, read_notebook
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 REGION = re.compile(rf"^([ \t]*){re.escape(BEGIN)}([^\n]*)\n(.*?)^[ \t]*{re.escape(END)}[^\n]*$", re.M | re.S)
 HINT_MORE = re.compile(r"^[ \t]*###(?! END SOLUTION)(.*)$")  # a hint's continuation line
-PAGE_WIDTH = 88  # characters the book's code column holds (chapters/ruff.toml)
 DEF = re.compile(r"^[ \t]*def (\w+)\(", re.M)
 
 
