@@ -8,16 +8,18 @@ below it can say where it came from.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import random
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..bench.report import load_results
+from ..bench.report import PAGE_WIDTH, join_fitting, load_results
 from ..core.device import best_device, hardware_description, set_threads_from_env
 from ..viz.style import set_plot_style
 
@@ -74,13 +76,46 @@ def setup(seed: int = 0, device: str | None = None, scale: str | None = None, qu
     dtype = torch.bfloat16 if native_bf16 else torch.float32
     seed_everything(seed)
     set_plot_style()
+    register_magics()
     ctx = BookContext(dev, dtype, scale, seed, hardware_description(dev))
     if not quiet:
-        print(
-            f"{ctx.hardware} | {str(dtype).removeprefix('torch.')} | scale={scale} | seed={seed} | "
-            f"python {platform.python_version()}"
-        )
+        dtype_name = str(dtype).removeprefix("torch.")
+        details = [dtype_name, f"scale={scale}", f"seed={seed}", f"python {platform.python_version()}"]
+        print(join_fitting([ctx.hardware, *details]))
     return ctx
+
+
+# Where a module a cell may need can be had, for the line that says the cell was skipped.
+INSTALL_HINTS = {"triton": "Triton installs on Linux x86-64 only, e.g. Colab"}
+
+
+def missing_modules(names: list[str]) -> list[str]:
+    """The modules among ``names`` that cannot be imported here."""
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
+def needs(line: str, cell: str) -> None:
+    """The ``%%needs triton`` cell magic: run the cell if every module named on the magic's line
+    can be imported, otherwise print one line saying which is missing and skip it."""
+    from IPython import get_ipython
+
+    missing = missing_modules(line.split())
+    if missing:
+        hints = "; ".join(INSTALL_HINTS.get(name, f"pip install {name}") for name in missing)
+        print(textwrap.fill(f"Skipped: needs {', '.join(missing)}, not installed ({hints}).", PAGE_WIDTH))
+        return
+    get_ipython().run_cell(cell).raise_error()
+
+
+def register_magics() -> None:
+    """Make ``%%needs`` available when running inside IPython (a notebook); nothing otherwise."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.register_magic_function(needs, magic_kind="cell")
 
 
 def saved_results(name: str, results_dir: Path | None = None) -> dict[str, dict]:

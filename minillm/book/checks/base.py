@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import torch
+
+from ...bench.report import PAGE_WIDTH
 
 
 class CheckFailed(AssertionError):
@@ -10,7 +14,7 @@ class CheckFailed(AssertionError):
 
 
 def passed(name: str, detail: str) -> None:
-    print(f"PASSED {name}: {detail}")
+    print(textwrap.fill(f"PASSED {name}: {detail}", PAGE_WIDTH, subsequent_indent="  "))
 
 
 def require(ok: bool, name: str, hint: str) -> None:
