@@ -14,21 +14,30 @@ from ..core.sampling import SamplingParams, probabilities
 def sampling_grid(logits: torch.Tensor, labels: Sequence[str], settings: Sequence[dict], title: str = ""):
     """Small multiples: the next-token distribution under each sampling setting.
 
-    ``settings`` are SamplingParams keyword dicts, e.g. ``{"temperature": 0.5, "top_p": 0.9}``."""
-
+    ``settings`` are SamplingParams keyword dicts, e.g. ``{"temperature": 0.5, "top_p": 0.9}``.
+    Tokens read down the left edge, most likely first; a filled bar is what the setting samples
+    from, a hollow bar the probability a token had at that temperature before top-k or top-p
+    removed it (greedy: at temperature 1)."""
     cols = min(3, len(settings))
     rows = ceil_div(len(settings), cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows), sharey=True, squeeze=False)
+    height = 0.75 + 0.2 * len(labels)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.5 * cols, height * rows), sharey=True, squeeze=False)
+    y = list(range(len(labels)))
     for ax, kw in zip(axes.flat, settings):
         probs = probabilities(logits.float(), SamplingParams(**kw))
-        kept = probs > 0
-        ax.bar(range(len(labels)), probs, color=["tab:blue" if k else "lightgray" for k in kept])
-        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
-        ax.set_title(describe(kw) + f" ({int(kept.sum())} tokens kept)", fontsize=9)
+        before = probabilities(logits.float(), SamplingParams(temperature=kw.get("temperature") or 1.0))
+        removed = torch.where(probs > 0, 0.0, before)
+        ax.barh(y, removed.tolist(), color="none", edgecolor="0.55", linewidth=0.8)
+        ax.barh(y, probs.tolist(), color="tab:blue")
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.set_xlim(0, 1.02)
+        kept = int((probs > 0).sum())
+        ax.set_title(f"{describe(kw)}: {kept} token{'' if kept == 1 else 's'} kept", fontsize=9)
+    axes[0, 0].invert_yaxis()  # shared: the most likely token on top in every panel
     for ax in axes.flat[len(settings) :]:
         ax.axis("off")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("probability")
+    for ax in axes[-1, :]:
+        ax.set_xlabel("probability")
     fig.suptitle(title)
     fig.tight_layout()
     return fig
