@@ -36,7 +36,7 @@ from ..decoding.medusa import CONFIG_FILE, MedusaHeads, medusa_generate
 from ..decoding.prompt_lookup import prompt_lookup_generate
 from ..decoding.speculative import speculative_generate
 from ..training.corpus import corpus_prompts
-from .report import finish_provenance, format_table, provenance
+from .report import finish_provenance, format_table, provenance, wrap_line
 from .timing import interleaved
 
 Method = Callable[[list[int]], tuple[list[int], DecodingStats | None]]
@@ -238,8 +238,12 @@ def format_decoding(result: dict) -> str:
         f"{result['hardware']}"
     )
     lines = [
-        f"one forward of T tokens, {name} (ms): " + ", ".join(f"T={t}: {ms:.2f}" for t, ms in by_t.items())
+        wrapped
         for name, by_t in result.get("forward_ms_by_new_tokens", {}).items()
+        for wrapped in wrap_line(
+            f"one forward of T tokens, {name} (ms): " + ", ".join(f"T={t}: {ms:.2f}" for t, ms in by_t.items()),
+            indent="  ",
+        )
     ]
     return "\n".join([format_table(rows, columns, title=title), *lines])
 

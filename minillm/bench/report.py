@@ -147,6 +147,11 @@ def load_results(name: str, results_dir: str | Path | None = None) -> dict[str, 
 # Tables
 
 
+def wrap_line(line: str, width: int = PAGE_WIDTH, indent: str = "") -> list[str]:
+    """One line of prose broken at spaces to fit ``width`` (continuations after ``indent``)."""
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
+
+
 def join_fitting(parts: Sequence[str], sep: str = " | ", width: int = PAGE_WIDTH) -> str:
     """``parts`` joined by ``sep``, starting a new line wherever the next part would run past
     ``width``."""
@@ -202,7 +207,7 @@ def format_table(
             part = []
         part.append(i)
     parts.append(part)
-    out = textwrap.wrap(title, width, break_on_hyphens=False) if title else []
+    out = [part for line in (title or "").splitlines() for part in wrap_line(line, width)]
     for n, part in enumerate(parts):
         shown = [*range(keys), *part]
         if n:
