@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -38,6 +40,21 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the GPU's nati
 def interpreting() -> bool:
     """True when Triton runs its CPU interpreter (TRITON_INTERPRET=1), which the tests use."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+def check_interpreter(triton_version: str = triton.__version__, numpy_version: str = np.__version__) -> None:
+    """Triton 3.6 and older interpret a loop whose bounds come from ``tl.program_id`` by turning a
+    one-element array into an int, which numpy 2.4 and newer refuse (fixed in Triton 3.7). Say so,
+    rather than fail deep inside the interpreter. On a GPU nothing is interpreted."""
+    if interpreting() and _version(triton_version) < (3, 7) and _version(numpy_version) >= (2, 4):
+        raise RuntimeError(
+            f"Triton {triton_version}'s CPU interpreter cannot run this kernel with numpy {numpy_version}: "
+            "install numpy<2.4 (Colab ships 2.0) or triton>=3.7"
+        )
 
 
 @triton.jit
@@ -241,6 +258,7 @@ def flash_attention(
 ) -> Tensor:
     """Fused attention: q (B, H, T, hd), k and v (B, Hkv, S, hd) -> (B, H, T, hd) in q's dtype."""
     check_attention_inputs(q, k, v)
+    check_interpreter()
     B, H, T, hd = q.shape
     S = k.shape[2]
     bm, bn, warps, stages = _tile_sizes(hd, q.dtype, q.device)

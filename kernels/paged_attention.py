@@ -29,7 +29,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.flash_attention import DTYPES, HEAD_DIMS, LOG2E, interpreting, shared_memory_bytes
+from kernels.flash_attention import (
+    DTYPES,
+    HEAD_DIMS,
+    LOG2E,
+    check_interpreter,
+    interpreting,
+    shared_memory_bytes,
+)
 
 
 @triton.jit
@@ -162,6 +169,7 @@ def paged_attention_decode_triton(
     ``splits`` chunks per sequence (split-K); by default enough to fill the GPU.
     """
     check_paged_inputs(q, k_pool, v_pool, block_tables, context_lens)
+    check_interpreter()
     B, H, hd = q.shape
     n_kv, block_size = k_pool.shape[2], k_pool.shape[1]
     n_rep = H // n_kv

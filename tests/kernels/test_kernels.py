@@ -19,7 +19,7 @@ from tests.conftest import tiny_model
 
 pytest.importorskip("triton", reason="triton is not installed: the kernel tests need it (or its CPU interpreter)")
 
-from kernels.flash_attention import flash_attention  # noqa: E402
+from kernels.flash_attention import check_interpreter, flash_attention  # noqa: E402
 from kernels.paged_attention import paged_attention_decode_triton  # noqa: E402
 from kernels.rmsnorm import rms_norm  # noqa: E402
 from minillm.core import attention as dispatch  # noqa: E402
@@ -230,3 +230,14 @@ def test_dispatch_falls_back_to_sdpa_with_one_warning(case, reason, monkeypatch)
 def test_unknown_backend_is_rejected(model):
     with pytest.raises(ValueError, match="triton"):
         model.set_attention_backend("flash")
+
+
+def test_an_interpreter_that_cannot_run_the_kernels_says_why(monkeypatch):
+    """Triton <= 3.6 with numpy >= 2.4 fails deep in the interpreter; the kernels say so first."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match=r"Triton 3\.6\.0's CPU interpreter .* numpy 2\.4\.1.*numpy<2\.4"):
+        check_interpreter("3.6.0", "2.4.1")
+    for ok in [("3.6.0", "2.0.2"), ("3.7.0", "2.4.1"), ("3.9.0", "2.5.0")]:
+        check_interpreter(*ok)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # a GPU: nothing interpreted
+    check_interpreter("3.6.0", "2.4.1")
