@@ -18,7 +18,7 @@ help:
 	@echo "make exercises    regenerate exercises/ from solutions/"
 	@echo "make bench  run the generation benchmark (minillm vs transformers, cache vs recompute)"
 	@echo "make lab    install and open JupyterLab"
-	@echo "make gpu-check  on a CUDA machine: kernel correctness and speed -> results/<gpu>/gpu_check.json"
+	@echo "make gpu-check  on a CUDA machine: kernel correctness and speed -> minillm/results/<gpu>/gpu_check.json"
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -1,6 +1,7 @@
 """A non-editable install ships what the chapters read: every file under minillm/data and
-minillm/bundled matches a package-data pattern of pyproject.toml (so `pip install .` or a wheel
-carries the corpus, the tokenizer, the bundled models and the Medusa heads)."""
+minillm/bundled and every saved result under minillm/results matches a package-data pattern of
+pyproject.toml (so `pip install .` or a wheel carries the corpus, the tokenizer, the bundled
+models, the Medusa heads and the saved runs the chapters plot)."""
 
 import fnmatch
 from pathlib import Path
@@ -19,7 +20,8 @@ def package_data_patterns() -> list[str]:
 
 def test_every_data_file_is_package_data():
     patterns = package_data_patterns()
-    files = [p for folder in ("data", "bundled") for p in (ROOT / "minillm" / folder).rglob("*") if p.is_file()]
+    folders = ("data", "bundled", "results")
+    files = [p for folder in folders for p in (ROOT / "minillm" / folder).rglob("*") if p.is_file()]
     assert files, "no data files found"
     for path in files:
         relative = path.relative_to(ROOT / "minillm").as_posix()
@@ -32,3 +34,15 @@ def test_the_book_extra_brings_what_notebooks_import():
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["book"]
     names = {e.split(">")[0].split(";")[0].split("=")[0].strip() for e in extra}
     assert {"matplotlib", "ipywidgets", "pyyaml", "triton"} <= names
+
+
+def test_the_results_store_is_in_the_package_and_can_be_moved(tmp_path, monkeypatch):
+    from minillm.bench.report import load_results, results_root, save_result
+
+    assert results_root() == ROOT / "minillm" / "results"
+    assert load_results("bench_generate"), "the saved CPU run the chapters plot"
+    monkeypatch.setenv("MINILLM_RESULTS", str(tmp_path))
+    assert load_results("bench_generate") == {}
+    path = save_result("bench_x", {"device": "cpu", "x": 1}, hardware="box")
+    assert path == tmp_path / "box" / "bench_x.json"
+    assert load_results("bench_x") == {"box": {"device": "cpu", "x": 1}}

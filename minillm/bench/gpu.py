@@ -1,6 +1,6 @@
 """One script for a CUDA machine: are the kernels correct there, and how fast are they?
 
-``make gpu-check`` (or ``python -m minillm.bench.gpu``) writes results/<gpu>/gpu_check.json:
+``make gpu-check`` (or ``python -m minillm.bench.gpu``) writes minillm/results/<gpu>/gpu_check.json:
 
 - correctness of every kernel in fp16 and bf16 (and fp32) against its PyTorch reference;
 - fused attention (FlashAttention-2 style, Dao 2023) TFLOP/s vs torch SDPA's flash backend and vs

@@ -238,7 +238,7 @@ def format_kv_bench(result: dict) -> str:
         "speed": "vs MHA",
         "retrain": "retraining",
     }
-    return title + "\n" + format_table(rows, columns)
+    return format_table(rows, columns, title=title)
 
 
 def summary_rows(bench_rows: Sequence[dict], perplexity: dict[str, float], baseline_ppl: float) -> list[dict]:

@@ -2,8 +2,9 @@
 
 - ``provenance``: the one record of where figures came from (hardware, device, threads, the
   machine's load, torch version, dtype, model, date), put into every result dict;
-- the results store: ``results/<hardware>/<name>.json``, written by ``save_result`` and read by
-  ``load_results`` (chapters plot saved runs next to their live ones);
+- the results store: ``minillm/results/<hardware>/<name>.json`` (or under ``$MINILLM_RESULTS``),
+  written by ``save_result`` and read by ``load_results`` (chapters plot saved runs next to their
+  live ones);
 - ``format_table``: rows of figures as an aligned text table, for the command line and notebooks.
 """
 
@@ -23,7 +24,9 @@ import torch
 
 from ..core.device import cpu_name, hardware_description
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
+# The results store ships inside the package (package data), so that a reader who installs the
+# wheel sees the saved runs the chapters plot; MINILLM_RESULTS points it elsewhere.
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 # Characters a line of code or output may take: what the book's code column holds at 1280 px
 # (book/_static/page.css; chapters/ruff.toml formats notebook code to it).
 PAGE_WIDTH = 88
@@ -114,32 +117,43 @@ def check_name(name: str) -> None:
         raise ValueError(f"a result's name is a plain file stem such as 'bench_kv', got {name!r}")
 
 
+def results_root(results_dir: str | Path | None = None) -> Path:
+    """The results store: ``results_dir`` if given, else $MINILLM_RESULTS, else the package's."""
+    return Path(results_dir or os.environ.get("MINILLM_RESULTS") or RESULTS_DIR)
+
+
 def result_path(name: str, hardware: str, results_dir: str | Path | None = None) -> Path:
-    """results/<hardware>/<name>.json."""
+    """<results store>/<hardware>/<name>.json."""
     check_name(name)
     check_name(hardware)
-    return Path(results_dir or RESULTS_DIR) / hardware / f"{name}.json"
+    return results_root(results_dir) / hardware / f"{name}.json"
 
 
 def write_json(path: str | Path, figures: Mapping[str, Any]) -> Path:
     """Figures as indented JSON at ``path`` (folders made as needed)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(figures, indent=1) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=1) + "\n")
+    except PermissionError as e:
+        raise PermissionError(
+            f"cannot write {path}: set MINILLM_RESULTS to a folder you can write (or pass --json PATH)"
+        ) from e
     return path
 
 
 def save_result(
     name: str, figures: Mapping[str, Any], hardware: str | None = None, results_dir: str | Path | None = None
 ) -> Path:
-    """Write ``figures`` to results/<hardware>/<name>.json (hardware: this machine's slug by default)."""
+    """Write ``figures`` to <results store>/<hardware>/<name>.json (hardware: this machine's slug
+    by default)."""
     return write_json(result_path(name, hardware or hardware_slug(figures.get("device", "cpu")), results_dir), figures)
 
 
 def load_results(name: str, results_dir: str | Path | None = None) -> dict[str, dict]:
     """Every saved ``<name>.json``, by hardware folder; empty when none was saved."""
     check_name(name)
-    root = Path(results_dir or RESULTS_DIR)
+    root = results_root(results_dir)
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(root.glob(f"*/{name}.json"))}
 
 

@@ -119,8 +119,8 @@ def register_magics() -> None:
 
 
 def saved_results(name: str, results_dir: Path | None = None) -> dict[str, dict]:
-    """Figures saved by the benchmark commands, ``results/<hardware>/<name>.json``, by hardware
+    """Figures saved by the benchmark commands, ``minillm/results/<hardware>/<name>.json``, by hardware
     folder (the results store of ``minillm.bench.report``).
 
-    Empty when the package is installed without the repository's results (e.g. pip on Colab)."""
+    The store ships with the package, so a wheel installed on Colab sees the same saved runs."""
     return load_results(name, results_dir)

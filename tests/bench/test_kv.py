@@ -17,6 +17,7 @@ from minillm.bench.kv import (
     summary_rows,
     techniques,
 )
+from minillm.bench.report import PAGE_WIDTH
 from minillm.core.cache import Cache
 from minillm.core.config import PRESETS
 from tests.conftest import tiny_config, tiny_model
@@ -88,7 +89,9 @@ def test_bench_kv_reports_its_provenance_and_the_ratios_to_mha():
     assert "load_average_before" in result and "load_average_after" in result
     mha = next(r for r in result["rows"] if r["technique"] == "MHA (baseline)")
     assert mha["memory_vs_mha"] == mha["speed_vs_mha"] == 1.0
-    assert "decode tok/s" in format_kv_bench(result)
+    text = format_kv_bench(result)
+    assert "tok/s" in text and "int8 KV" in text
+    assert max(len(line) for line in text.splitlines()) <= PAGE_WIDTH
     summary = summary_rows(result["rows"], {"MHA (baseline)": 10.0}, 10.0)
     assert summary[0]["perplexity"] == "+0.0" and summary[1]["perplexity"] == "not measured"
 
