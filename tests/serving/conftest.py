@@ -32,18 +32,20 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def make_engine(model, num_blocks: int = 128, block_size: int = 16, max_batch: int = 16) -> AsyncEngine:
-    return AsyncEngine(Engine(model, EngineConfig(num_blocks, block_size, scheduler=SchedulerConfig(max_batch=max_batch))))
+    return AsyncEngine(
+        Engine(model, EngineConfig(num_blocks, block_size, scheduler=SchedulerConfig(max_batch=max_batch)))
+    )
 
 
 class LiveServer:
     """``with LiveServer(app) as url:`` serves ``app`` until the block ends (bounded start and stop)."""
 
-    def __init__(self, app, shutdown_timeout: float = 2.0):
+    def __init__(self, app, engine: AsyncEngine, shutdown_timeout: float = 1.0):
         from minillm.serving.http import bind, make_server
 
         self.sock = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = make_server(app, shutdown_timeout)
+        self.server = make_server(app, shutdown_timeout, drain=lambda: engine.shutdown(timeout=0))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> str:
