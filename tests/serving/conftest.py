@@ -22,13 +22,18 @@ CHAT_TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory) -> Path:
-    """A tiny random model (no EOS: answers run to max_tokens) with a byte-level tokenizer."""
+def save_tiny_checkpoint(directory: Path) -> Path:
+    """A tiny random model (no EOS: answers run to max_tokens) with a byte-level tokenizer and a
+    chat template, saved in Hugging Face layout."""
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     model = tiny_model(vocab_size=tokenizer.vocab_size, max_seq_len=512, bos_token_id=0)
-    return minillm.save_pretrained(model, tmp_path_factory.mktemp("serve") / "tiny-serve", tokenizer)
+    return minillm.save_pretrained(model, directory / "tiny-serve", tokenizer)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("serve"))
 
 
 def make_engine(model, num_blocks: int = 128, block_size: int = 16, max_batch: int = 16) -> AsyncEngine:
