@@ -97,27 +97,29 @@ class ServerOptions:
         return EngineConfig(self.num_blocks, self.block_size, scheduler=SchedulerConfig("continuous", self.max_batch))
 
 
-def model_info(name: str, model, tokenizer, max_batch: int | None = None) -> ModelInfo:
-    """What the API says of the served model, and where it runs."""
+def model_info(name: str, tokenizer, engine: Engine) -> ModelInfo:
+    """What the API says of the served model, where it runs, and what the engine's KV pool holds."""
     if tokenizer is None:
         raise ValueError(f"{name} has no tokenizer.json: a server needs one to turn text into tokens")
+    model, config = engine.model, engine.config
     served_on = {
         "hardware": hardware_description(model.device),
         "device": str(model.device),
         "dtype": str(model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads() if model.device.type == "cpu" else None,
-        "max_batch": max_batch,
+        "max_batch": config.scheduler.max_batch,
     }
-    c = model.config
-    return ModelInfo(name, tokenizer, c.vocab_size, c.max_seq_len, c.eos_ids, served_on)
+    c, pool = model.config, config.num_blocks * config.block_size
+    return ModelInfo(name, tokenizer, c.vocab_size, c.max_seq_len, c.eos_ids, kv_pool_tokens=pool, served_on=served_on)
 
 
 # ---------------------------------------------------------------------------------------------
 # The application
 
 
-def create_app(engine: AsyncEngine, info: ModelInfo, api_key: str | None = None):
-    """The FastAPI app serving ``engine``; its lifespan starts the engine's loop and shuts it down."""
+def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = None):
+    """The FastAPI app serving ``engine``'s model as ``name``; its lifespan starts the engine's loop
+    and shuts it down."""
     require_serve_extra()
     from fastapi import APIRouter, Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -125,8 +127,8 @@ def create_app(engine: AsyncEngine, info: ModelInfo, api_key: str | None = None)
 
     from .prometheus import ServerMetrics
 
+    info = model_info(name, tokenizer, engine.engine)
     metrics = ServerMetrics(engine)
-    tokenizer = info.tokenizer
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -344,17 +346,16 @@ def run_server(options: ServerOptions) -> int:
     """Load the model, print where it is served, and serve until SIGINT/SIGTERM; returns 0."""
     require_serve_extra()
     model, tokenizer = load(options.model, device=options.device, dtype=options.dtype)
-    info = model_info(options.model, model, tokenizer, options.max_batch)
     engine = AsyncEngine(Engine(model, options.engine_config()))
     warm_up(model, options.block_size)
-    app = create_app(engine, info, options.api_key)
+    app = create_app(engine, options.model, tokenizer, options.api_key)
     sock = bind(options.host, options.port)
     host = f"[{options.host}]" if ":" in options.host else options.host
     where = f"{model.device.type}, {str(model.dtype).removeprefix('torch.')}"
     if model.device.type == "cpu":
         where += f", {threads_label(torch.get_num_threads())}"
     print(
-        f"serving {info.name} on http://{host}:{sock.getsockname()[1]} ({where}; max batch "
+        f"serving {options.model} on http://{host}:{sock.getsockname()[1]} ({where}; max batch "
         f"{options.max_batch}, {options.num_blocks} KV blocks of {options.block_size} tokens)",
         flush=True,
     )

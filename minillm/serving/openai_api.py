@@ -68,6 +68,7 @@ class ModelInfo:
     vocab_size: int
     max_seq_len: int  # context: prompt + max_tokens at most
     eos_ids: tuple[int, ...]
+    kv_pool_tokens: int | None = None  # what the engine's KV pool holds: prompt + max_tokens at most
     served_on: dict = field(default_factory=dict)  # hardware, device, dtype, threads: for labelling figures
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -241,7 +242,8 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
             "context_length_exceeded",
         )
     limit = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _get(body, limit, (int,), room if chat else DEFAULT_MAX_TOKENS, "a positive integer")
+    fits = room if model.kv_pool_tokens is None else max(1, min(room, model.kv_pool_tokens - len(ids)))
+    max_tokens = _get(body, limit, (int,), fits if chat else DEFAULT_MAX_TOKENS, "a positive integer")
     if max_tokens < 1:
         raise APIError(400, f"'{limit}' must be a positive integer, got {max_tokens}", limit)
     if max_tokens > room:

@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 
 import minillm
 from minillm.bench.serve import ServeBench, bench_serve, curve_rows, format_serve, run_workload, workload
-from minillm.serving.http import create_app, model_info
+from minillm.serving.http import create_app
 from tests.serving.conftest import LiveServer, make_engine, save_tiny_checkpoint
 from tests.test_cli import assert_one_line_error, run_main
 
@@ -27,7 +27,7 @@ def checkpoint(tmp_path_factory):
 def url(checkpoint):
     model, tokenizer = minillm.load(checkpoint)
     engine = make_engine(model)
-    with LiveServer(create_app(engine, model_info("tiny-serve", model, tokenizer, max_batch=16)), engine) as url:
+    with LiveServer(create_app(engine, "tiny-serve", tokenizer), engine) as url:
         yield url
 
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import minillm
-from minillm.serving.http import create_app, model_info
+from minillm.serving.http import create_app
 from minillm.serving.openai_api import render_chat
 from tests.serving.conftest import LiveServer, make_engine
 from tests.test_cli import assert_one_line_error, run_main
@@ -56,7 +56,7 @@ class Live:
 def live(checkpoint):
     model, tokenizer = minillm.load(checkpoint)
     engine = make_engine(model, num_blocks=POOL_BLOCKS)
-    with LiveServer(create_app(engine, model_info(NAME, model, tokenizer)), engine) as url:
+    with LiveServer(create_app(engine, NAME, tokenizer), engine) as url:
         yield Live(url, model, tokenizer, engine)
 
 
@@ -217,7 +217,7 @@ def test_a_wrong_method_is_405_in_the_same_shape(live):
 def test_an_api_key_is_required_when_set(checkpoint):
     model, tokenizer = minillm.load(checkpoint)
     engine = make_engine(model)
-    app = create_app(engine, model_info(NAME, model, tokenizer), api_key="s3cret")
+    app = create_app(engine, NAME, tokenizer, api_key="s3cret")
     with LiveServer(app, engine) as url:
         body = {"prompt": "hi", "max_tokens": 2}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):

@@ -71,6 +71,9 @@ def test_a_body_becomes_the_request_it_says(info, tokenizer):
     chat = parse_job({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, info, True)
     assert chat.request.max_tokens == 64 - len(chat.request.prompt)  # the rest of the context
     assert chat.id.startswith("chatcmpl-")
+    small_pool = ModelInfo("tiny-serve", tokenizer, tokenizer.vocab_size, 64, (0,), kv_pool_tokens=40)
+    chat = parse_job({"messages": [{"role": "user", "content": "hi"}]}, small_pool, True)
+    assert chat.request.max_tokens == 40 - len(chat.request.prompt)  # what the KV pool can hold
 
 
 def test_a_checkpoint_without_a_chat_template_says_so(info):
