@@ -290,3 +290,31 @@ def test_sse_lines_are_data_events_ending_with_done(live):
     events = [e for e in text.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_accepted_connections_send_small_chunks_at_once():
+    """TCP_NODELAY on every accepted connection (asyncio sets it only for sockets made with
+    IPPROTO_TCP): without it each streamed chunk waits ~40 ms for the client's delayed ACK."""
+    import socket
+
+    from minillm.serving.http import bind
+
+    async def main():
+        flags = []
+
+        async def accepted(reader, writer):
+            flags.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        sock = bind("127.0.0.1", 0)
+        server = await asyncio.start_server(accepted, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection(*sock.getsockname())
+            for _ in range(100):
+                if flags:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+        return flags
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [1]
