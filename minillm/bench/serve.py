@@ -28,11 +28,12 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
@@ -81,26 +82,48 @@ class ServeBench:
 
 
 @contextmanager
-def server_process(options: ServeBench) -> Iterator[str]:
-    """``python -m minillm serve`` on a free port of 127.0.0.1; yields its URL; SIGTERM at the end."""
+def server_process(
+    model: str = DEFAULT_MODEL, max_batch: int = 16, threads: int | None = None, timeout: float = 120.0
+) -> Iterator[str]:
+    """``python -m minillm serve`` in a process of its own, on a free port of 127.0.0.1: yields its
+    URL once it answers /health (within ``timeout`` s); at the end SIGTERM, and a RuntimeError if
+    it does not exit 0. ``threads``: its CPU threads (default: this process' count)."""
     import torch
 
-    threads = options.threads or torch.get_num_threads()
-    command = [sys.executable, "-m", "minillm", "serve", "--model", options.model, "--port", "0"]
-    command += ["--max-batch", str(options.max_batch), "--threads", str(threads), "--shutdown-timeout", "2"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        yield _server_url(proc, options.startup_timeout)
-    finally:
+    command = [sys.executable, "-m", "minillm", "serve", "--model", model, "--port", "0", "--max-batch"]
+    command += [str(max_batch), "--threads", str(threads or torch.get_num_threads()), "--shutdown-timeout", "2"]
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty server never blocks on it
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            url = _server_url(proc, timeout, log)
+            wait_healthy(url, timeout)
+            yield url
+        except BaseException:
+            _stop(proc)
+            raise
+        if _stop(proc) != 0:
+            raise RuntimeError(f"the server exited with status {proc.returncode}: {_last_line(log)}")
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=15)
+    proc.wait(timeout=15)
+    proc.stdout.close()
+    return proc.returncode
 
 
-def _server_url(proc: subprocess.Popen, timeout: float) -> str:
+def _last_line(log) -> str:
+    log.seek(0)
+    lines = log.read().strip().splitlines()
+    return lines[-1] if lines else "no output"
+
+
+def _server_url(proc: subprocess.Popen, timeout: float, log) -> str:
     """The URL the server prints on its first line, or a RuntimeError with what it said instead."""
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
@@ -109,9 +132,8 @@ def _server_url(proc: subprocess.Popen, timeout: float) -> str:
     except queue.Empty:
         line = ""
     if "http://" not in line:
-        proc.kill()
-        err = proc.communicate(timeout=15)[1].strip().splitlines()
-        raise RuntimeError(f"the server did not start: {err[-1] if err else 'no output'}")
+        _stop(proc)
+        raise RuntimeError(f"the server did not start: {_last_line(log)}")
     return "http://" + line.split("http://", 1)[1].split()[0]
 
 
@@ -256,7 +278,11 @@ def workload(options: ServeBench, vocab_size: int, run: int, rate: float) -> lis
 
 def bench_serve(options: ServeBench) -> dict:
     """Every rate of ``options`` served over HTTP; the figures with where they were measured."""
-    with server_process(options) if options.url is None else _given(options.url) as url:
+    if options.url is None:
+        server = server_process(options.model, options.max_batch, options.threads, options.startup_timeout)
+    else:
+        server = nullcontext(options.url.rstrip("/"))
+    with server as url:
         card = wait_healthy(url, options.startup_timeout)
         on = card.get("served_on", {})
         figures = provenance(on.get("device", str(best_device())), card["id"], on.get("dtype"))
@@ -278,11 +304,6 @@ def bench_serve(options: ServeBench) -> dict:
                 runs.append(rate_figures(rate, run_workload(url, card["id"], requests, bar), options.slo))
         figures["runs"] = runs
     return finish_provenance(figures)
-
-
-@contextmanager
-def _given(url: str) -> Iterator[str]:
-    yield url.rstrip("/")
 
 
 SERVE_COLUMNS = {
