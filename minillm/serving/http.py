@@ -121,7 +121,8 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
     """The FastAPI app serving ``engine``'s model as ``name``; its lifespan starts the engine's loop
     and shuts it down."""
     require_serve_extra()
-    from fastapi import APIRouter, Depends, FastAPI, Request
+    from fastapi import APIRouter, Depends, FastAPI
+    from fastapi import Request as HTTPRequest
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException
 
@@ -137,7 +138,7 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
         yield
         await asyncio.to_thread(engine.shutdown)
 
-    def authorize(request: Request) -> None:
+    def authorize(request: HTTPRequest) -> None:
         if api_key is None:
             return
         given = request.headers.get("authorization", "")
@@ -147,7 +148,7 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
     app = FastAPI(title="minillm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
 
-    async def serve(request: Request, chat: bool):
+    async def serve(request: HTTPRequest, chat: bool):
         job = parse_job(await json_body(request), info, chat)
         try:
             stream = engine.add_request(job.request)
@@ -163,19 +164,23 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         collecting = asyncio.ensure_future(collect(job, info.name, pieces))
         gone = asyncio.ensure_future(disconnected(request))
-        await asyncio.wait({collecting, gone}, return_when=asyncio.FIRST_COMPLETED)
-        gone.cancel()
-        if not collecting.done():  # the client went away: cancelling aborts the request
-            collecting.cancel()
-            return Response(status_code=499)
+        try:
+            await asyncio.wait({collecting, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collecting.done():  # the client went away, or the server stops: the request ends
+                collecting.cancel()
+                engine.abort(stream.id)
+        if collecting.cancelled():
+            return Response(status_code=499)  # nobody is listening (nginx's "client closed request")
         return JSONResponse(collecting.result())
 
     @v1.post("/completions")
-    async def completions(request: Request):
+    async def completions(request: HTTPRequest):
         return await serve(request, chat=False)
 
     @v1.post("/chat/completions")
-    async def chat_completions(request: Request):
+    async def chat_completions(request: HTTPRequest):
         return await serve(request, chat=True)
 
     @v1.get("/models")
@@ -203,18 +208,18 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
         return Response(body, media_type=content_type)
 
     @app.exception_handler(APIError)
-    async def api_error(request: Request, e: APIError):
+    async def api_error(request: HTTPRequest, e: APIError):
         return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, e: HTTPException):
+    async def http_error(request: HTTPRequest, e: HTTPException):
         what = f"{request.method} {request.url.path}"
         message = f"no route {what}; this server has {ROUTES}" if e.status_code == 404 else f"{e.detail}: {what}"
         code = "not_found" if e.status_code == 404 else None
         return JSONResponse(APIError(e.status_code, message, code=code).body(), status_code=e.status_code)
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, e: Exception):  # logged by uvicorn; the client gets one line
+    async def internal_error(request: HTTPRequest, e: Exception):  # logged by uvicorn; the client gets one line
         body = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error").body()
         return JSONResponse(body, status_code=500)
 

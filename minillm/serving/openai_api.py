@@ -155,10 +155,10 @@ def _prompt_ids(body: dict, model: ModelInfo) -> list[int]:
         return ids
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise APIError(400, f"'prompt' holds {len(prompt)} prompts; this server takes one per request", "prompt")
+    if not isinstance(prompt, list):
+        raise APIError(400, f"'prompt' must be text or a list of token ids, got {type(prompt).__name__}", "prompt")
     try:
-        ids = token_rows(prompt)[0] if isinstance(prompt, list) else None
-        if ids is None:
-            raise ValueError(f"got {type(prompt).__name__}")
+        ids = token_rows(prompt)[0]
         check_vocabulary([ids], model.vocab_size)
     except ValueError as e:
         raise APIError(400, f"'prompt' must be text or a list of token ids: {e}", "prompt") from None

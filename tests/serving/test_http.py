@@ -169,6 +169,24 @@ def test_a_client_that_goes_away_frees_its_blocks(live):
     assert r.choices[0].finish_reason == "length"
 
 
+def test_a_client_that_goes_away_before_a_whole_answer_frees_its_blocks_too(live):
+    """Not streamed: the handler notices the closed connection while the engine generates."""
+    import socket
+
+    aborted = live.metric(ABORTED, missing=0.0)
+    body = json.dumps({"model": NAME, "prompt": "x", "max_tokens": 470, "temperature": 0}).encode()
+    host, port = live.url.removeprefix("http://").split(":")
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.monotonic() + 10
+        while not live.metric("minillm_kv_blocks_used"):
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.005)
+    live.wait_until_idle()
+    assert live.metric(ABORTED) == aborted + 1
+
+
 BAD = [
     # (path, body (bytes: sent raw), status, param, words in the message)
     ("/v1/completions", b"{not json", 400, None, "not valid JSON"),
