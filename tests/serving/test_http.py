@@ -134,6 +134,25 @@ def test_models_and_health(live):
     assert httpx.get(f"{live.url}/v1/models/{NAME}", timeout=10).json()["max_model_len"] == 512
 
 
+def test_metrics_name_what_the_issue_asks_for(live):
+    live.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0)
+    text = httpx.get(f"{live.url}/metrics", timeout=10).text
+    for name in (
+        "minillm_time_to_first_token_seconds_bucket",
+        "minillm_inter_token_latency_seconds_bucket",
+        "minillm_e2e_request_latency_seconds_count",
+        "minillm_requests_running",
+        "minillm_requests_waiting",
+        "minillm_kv_blocks_used",
+        "minillm_kv_blocks_free",
+        "minillm_preemptions_total",
+        "minillm_generation_tokens_total",
+        "minillm_prompt_tokens_total",
+    ):
+        assert re.search(rf"^{name}(\{{.*\}})? ", text, re.M), f"{name} missing from /metrics"
+    assert live.metric("minillm_kv_blocks_free") == POOL_BLOCKS and live.metric("minillm_generation_tokens_total") >= 3
+
+
 def test_64_concurrent_streams_each_get_their_own_answer(live):
     prompts = [[(7 * i + j) % live.tokenizer.vocab_size for j in range(3 + i % 9)] for i in range(64)]
     expected = [live.greedy(p, 6) for p in prompts]
