@@ -13,7 +13,7 @@ The folders are the architecture, in layers; a layer imports only those below it
     measure/      metrics, roofline arithmetic, the chapter-2 replay: no timing (imports core).
     kv/           compressed caches, GQA, paged blocks, memory formulas (core, training, measure).
     decoding/     speculative, prompt lookup, lookahead, Medusa (core, kv, training, measure).
-    serving/      workload, scheduler, engine (core, kv, measure).
+    serving/      workload, scheduler, engine, async engine and HTTP server (core, kv, measure).
     compression/  quantization, pruning, distillation (chapter 12; core, kv, training, measure).
     parallel/     tensor, pipeline, context parallelism, replicas (chapter 15).
     viz/          every plot; the only importer of matplotlib; consumes what the layers above

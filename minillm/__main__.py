@@ -1,6 +1,7 @@
 """The command line: ``python -m minillm COMMAND`` (or ``minillm COMMAND`` once installed).
 
     python -m minillm generate --prompt "def fibonacci(n):" --max-new-tokens 64
+    python -m minillm serve --model minillm-target --port 8000
     python -m minillm bench generate --json results/cpu/generate.json
     python -m minillm models
 
@@ -100,6 +101,55 @@ def timing_line(result: GenerationResult, model: Transformer) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# serve
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serving import http  # the web framework itself is imported only by run_server
+
+    with bad_input():  # fail before loading
+        options = http.ServerOptions(
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            max_batch=args.max_batch,
+            num_blocks=args.num_blocks,
+            block_size=args.block_size,
+            device=parse_device(args.device),
+            dtype=DTYPES[args.dtype] if args.dtype else None,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+    try:
+        http.require_serve_extra()
+    except ImportError as e:
+        raise CliError(str(e)) from None
+    with bad_input():
+        return http.run_server(options)
+
+
+def add_serve(commands) -> None:
+    p = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, /metrics)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model to serve (default: {DEFAULT_MODEL})")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 request")
+    p.add_argument("--max-batch", type=int, default=16, help="sequences per engine step at most (default: 16)")
+    p.add_argument("--num-blocks", type=int, default=256, help="KV pool size in blocks (default: 256)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="weights' dtype (default: as generate)")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=5.0,
+        help="on SIGINT/SIGTERM, seconds requests in flight may take to finish before they are aborted (default: 5)",
+    )
+    add_threads_option(p)
+    p.set_defaults(handler=cmd_serve)
+
+
+# ---------------------------------------------------------------------------------------------
 # models, corpus, train
 
 
@@ -194,6 +244,7 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="minillm", description="minillm: LLM inference optimization from scratch.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", required=True)
     add_generate(commands)
+    add_serve(commands)
     add_bench(commands)
     models = commands.add_parser("models", help="list the bundled models and the shape presets, with sizes")
     models.set_defaults(handler=cmd_models)

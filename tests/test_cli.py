@@ -68,7 +68,7 @@ def run_python(code_or_args: list[str]) -> subprocess.CompletedProcess:
 def test_help_lists_every_command():
     proc = run_python(["-m", "minillm", "--help"])
     assert proc.returncode == 0, proc.stderr
-    for command in ("generate", "bench", "models", "corpus", "train"):
+    for command in ("generate", "serve", "bench", "models", "corpus", "train"):
         assert f"    {command} " in proc.stdout, f"{command} missing from --help:\n{proc.stdout}"
 
 
@@ -272,7 +272,7 @@ def test_threads_option_and_environment(checkpoint, capsys, monkeypatch):
         assert status == 0 and torch.get_num_threads() == 2 and "2 threads)" in out.splitlines()[-1]
         status, _, err = run_main([*argv[:-1], "0"], capsys)
         assert_one_line_error(status, err, "threads must be a positive integer")
-        for benchmark in ("generate", "kv", "decoding", "batching"):
+        for benchmark in ("generate", "kv", "decoding", "batching", "serve"):
             status, out, _ = run_main(["bench", benchmark, "--help"], capsys)
             assert status == 0 and "--threads" in out
     finally:

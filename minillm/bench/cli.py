@@ -10,14 +10,16 @@ from pathlib import Path
 
 import torch
 
-from ..cli import DEFAULT_MODEL, DTYPES, add_threads_option, bad_input, parse_device
+from ..cli import DEFAULT_MODEL, DTYPES, CliError, add_threads_option, bad_input, parse_device
 from ..core.checkpoints import load
-from ..core.device import threads_label
+from ..core.device import best_device, threads_label
+from ..measure.metrics import SLO
 from . import generation as bench
 from . import report
 from .batching import BatchingBench, bench_batching, format_batching
 from .decoding import DecodingBench, bench_decoding, format_decoding
 from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
+from .serve import ServeBench, bench_serve, format_serve
 
 
 def write_json(path: Path, figures: dict) -> None:
@@ -121,6 +123,37 @@ def cmd_bench_batching(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    with bad_input():
+        options = ServeBench(
+            model=args.model,
+            url=args.url,
+            n_requests=args.requests,
+            rates=tuple(args.rate),
+            seed=args.seed,
+            prompt_median=args.prompt_median,
+            output_median=args.output_median,
+            max_batch=args.max_batch,
+            threads=torch.get_num_threads(),
+            slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot),
+            progress=not args.no_progress,
+        )
+    where = args.url or f"{args.model} served by a new server ({_where(str(best_device()))})"
+    print(f"streaming completions over HTTP at {list(options.rates)} req/s: {where}...", file=sys.stderr, flush=True)
+    try:
+        figures = bench_serve(options)
+    except ImportError as e:
+        raise CliError(str(e)) from None
+    except (RuntimeError, ValueError) as e:
+        raise CliError(f"bench serve: {e}") from None
+    print(format_serve(figures))
+    if args.json:
+        write_json(args.json, figures)
+    if not args.no_save:
+        print(f"figures saved to {report.save_result('bench_serve', figures)}")
+    return 0
+
+
 def add_bench(commands) -> None:
     bench_parser = commands.add_parser("bench", help="measure: generation speed, KV-cache techniques, ...")
     kinds = bench_parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", title="benchmarks", required=True)
@@ -163,6 +196,7 @@ def add_bench(commands) -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_decoding)
     add_bench_batching(kinds)
+    add_bench_serve(kinds)
     for benchmark in kinds.choices.values():  # every benchmark honours --threads (and MINILLM_THREADS)
         add_threads_option(benchmark)
 
@@ -182,3 +216,28 @@ def add_bench_batching(kinds) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_batching)
+
+
+def add_bench_serve(kinds) -> None:
+    p = kinds.add_parser("serve", help="the HTTP server from a client: TTFT, ITL, TPOT, goodput vs the engine's own")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"model of the server it starts (default: {DEFAULT_MODEL})"
+    )
+    where.add_argument(
+        "--url", default=None, help="measure a running minillm server instead, e.g. http://127.0.0.1:8000"
+    )
+    p.add_argument("--requests", type=int, default=32, help="requests per rate (default: 32)")
+    p.add_argument(
+        "--rate", type=float, nargs="+", default=[2.0, 8.0], help="Poisson arrivals/s, one run each (default: 2 8)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload (default: 0)")
+    p.add_argument("--prompt-median", type=float, default=64, help="median prompt tokens (default: 64)")
+    p.add_argument("--output-median", type=float, default=32, help="median output tokens (default: 32)")
+    p.add_argument("--max-batch", type=int, default=16, help="the started server's max batch (default: 16)")
+    p.add_argument("--slo-ttft", type=float, default=0.5, help="SLO on TTFT, seconds (default: 0.5)")
+    p.add_argument("--slo-tpot", type=float, default=0.05, help="SLO on TPOT, seconds (default: 0.05)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument("--no-save", action="store_true", help="do not save them to results/<hardware>/bench_serve.json")
+    p.set_defaults(handler=cmd_bench_serve)

@@ -18,11 +18,19 @@ def _token_text(value) -> str | None:
 
 
 class Tokenizer:
-    """A thin wrapper: encode/decode, the special token ids, and streaming decode."""
+    """A thin wrapper: encode/decode, the special token ids, streaming decode, and the checkpoint's
+    chat template (a Jinja string, as Hugging Face stores it; None when the checkpoint has none)."""
 
-    def __init__(self, tokenizer: HFTokenizer, bos_token: str | None = None, eos_token: str | None = None):
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        chat_template: str | None = None,
+    ):
         self._tok = tokenizer
         self.bos_token, self.eos_token = bos_token, eos_token
+        self.chat_template = chat_template
         self.bos_id = tokenizer.token_to_id(bos_token) if bos_token else None
         self.eos_id = tokenizer.token_to_id(eos_token) if eos_token else None
 
@@ -31,11 +39,17 @@ class Tokenizer:
         directory = Path(directory)
         tok = HFTokenizer.from_file(str(directory / "tokenizer.json"))
         specials: dict[str, str | None] = {}
+        template = None
         cfg_path = directory / "tokenizer_config.json"
         if cfg_path.is_file():
             cfg = json.loads(cfg_path.read_text())
             specials = {k: _token_text(cfg.get(k)) for k in SPECIAL_TOKEN_KEYS}
-        return cls(tok, specials.get("bos_token"), specials.get("eos_token"))
+            template = cfg.get("chat_template")
+        if (directory / "chat_template.jinja").is_file():  # newer checkpoints keep it in a file of its own
+            template = (directory / "chat_template.jinja").read_text()
+        if not isinstance(template, str):  # absent, or a list of named templates (not supported)
+            template = None
+        return cls(tok, specials.get("bos_token"), specials.get("eos_token"), template)
 
     @property
     def vocab_size(self) -> int:
@@ -57,6 +71,8 @@ class Tokenizer:
             "eos_token": self.eos_token,
             "clean_up_tokenization_spaces": False,
         }
+        if self.chat_template is not None:
+            cfg["chat_template"] = self.chat_template
         (directory / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 

@@ -1,3 +1,5 @@
 """Serving many requests (chapter 13): chat-like workloads, the scheduler (static, dynamic,
-continuous batching, chunked prefill, preemption) and the engine that runs its steps on paged KV.
+continuous batching, chunked prefill, preemption) and the engine that runs its steps on paged KV;
+the async engine that runs that loop for many concurrent callers, and the OpenAI-compatible HTTP
+server on it (``http``; its web framework is imported only when a server is made).
 """

@@ -362,6 +362,7 @@ class Engine:
 
     def _output(self, seq: SequenceState, finish_reason: str | None = None) -> RequestOutput:
         r = seq.request
+        self._generators.pop(r.id, None)  # a finished request never samples again
         metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
         out = seq.outputs
         reason = finish_reason or ("stop" if out and out[-1] in r.stop_ids else "length")

@@ -1,0 +1,376 @@
+"""``python -m minillm bench serve``: the HTTP server measured from outside, as a user sees it.
+
+    figures = bench_serve(ServeBench(model="minillm-target", n_requests=32, rates=(2.0, 8.0)))
+    print(format_serve(figures))
+
+It starts ``python -m minillm serve`` in a process of its own (or talks to ``url``), sends the
+chat-like workload of chapter 13 (Poisson arrivals, lognormal lengths, random prompt ids) as
+streaming completions over HTTP (httpx), and records at the client when each token arrives:
+TTFT, every inter-token gap (ITL), TPOT and end-to-end latency (chapter 2's definitions). Each
+answer's last chunk also carries the engine's own clock for the request (``return_engine_timing``),
+so the same requests are measured twice, side by side:
+
+- client: from sending the request to receiving each token's chunk;
+- engine: from the request reaching the engine (after HTTP, JSON parsing and validation) to the
+  step that sampled each token; its TTFT still counts queueing for a batch slot.
+
+The difference is what the HTTP layer costs: the request's transfer and parsing, the hand-off to
+the engine's thread, and for every token the detokenization, the JSON of its chunk, and its trip
+back. Requests ask for ``ignore_eos``, so every answer has exactly the workload's length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from ..cli import DEFAULT_MODEL
+from ..core.device import best_device
+from ..measure.metrics import SLO, RequestMetrics, goodput, percentiles, throughput
+from ..serving.workload import Request, chat_trace, requests_from_trace
+from .report import describe, finish_provenance, format_table, provenance
+
+PS = (50, 90, 99)
+HTTPX = "bench serve needs httpx: pip install httpx"
+
+
+@dataclass(frozen=True)
+class ServeBench:
+    model: str = DEFAULT_MODEL  # what the benchmark's own server serves (with url: ignored)
+    url: str | None = None  # a running minillm server, e.g. http://127.0.0.1:8000; None: start one
+    n_requests: int = 32  # per rate
+    rates: tuple[float, ...] = (2.0, 8.0)  # Poisson arrivals per second, one run each
+    seed: int = 0
+    prompt_median: float = 64  # tokens
+    output_median: float = 32  # tokens
+    max_len: int = 256  # prompt + output at most, tokens
+    max_batch: int = 16  # the started server's --max-batch
+    threads: int | None = None  # the started server's --threads; None: this process' count
+    slo: SLO = field(default_factory=lambda: SLO(ttft=0.5, tpot=0.05))
+    startup_timeout: float = 120.0  # seconds for a started server to answer /health
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_requests, bool) or not isinstance(self.n_requests, int) or self.n_requests < 1:
+            raise ValueError(f"n_requests must be a positive integer, got {self.n_requests!r}")
+        if not self.rates or any(not isinstance(r, (int, float)) or not 0 < r < math.inf for r in self.rates):
+            raise ValueError(f"rates must be positive request rates (per second), got {self.rates!r}")
+        if self.url is not None and not str(self.url).startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        if min(self.prompt_median, self.output_median) < 1 or self.max_len < 2:
+            raise ValueError("prompt_median and output_median must be >= 1 token, max_len >= 2")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"threads must be a positive integer or None, got {self.threads!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The server
+
+
+@contextmanager
+def server_process(
+    model: str = DEFAULT_MODEL, max_batch: int = 16, threads: int | None = None, timeout: float = 120.0
+) -> Iterator[str]:
+    """``python -m minillm serve`` in a process of its own, on a free port of 127.0.0.1: yields its
+    URL once it answers /health (within ``timeout`` s); at the end SIGTERM, and a RuntimeError if
+    it does not exit 0. ``threads``: its CPU threads (default: this process' count)."""
+    import torch
+
+    command = [sys.executable, "-m", "minillm", "serve", "--model", model, "--port", "0", "--max-batch"]
+    command += [str(max_batch), "--threads", str(threads or torch.get_num_threads()), "--shutdown-timeout", "2"]
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty server never blocks on it
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            url = _server_url(proc, timeout, log)
+            wait_healthy(url, timeout)
+            yield url
+        except BaseException:
+            _stop(proc)
+            raise
+        if _stop(proc) != 0:
+            raise RuntimeError(f"the server exited with status {proc.returncode}: {_last_line(log)}")
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait(timeout=15)
+    proc.stdout.close()
+    return proc.returncode
+
+
+def _last_line(log) -> str:
+    log.seek(0)
+    lines = log.read().strip().splitlines()
+    return lines[-1] if lines else "no output"
+
+
+def _server_url(proc: subprocess.Popen, timeout: float, log) -> str:
+    """The URL the server prints on its first line, or a RuntimeError with what it said instead."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+    try:
+        line = lines.get(timeout=timeout)
+    except queue.Empty:
+        line = ""
+    if "http://" not in line:
+        _stop(proc)
+        raise RuntimeError(f"the server did not start: {_last_line(log)}")
+    return "http://" + line.split("http://", 1)[1].split()[0]
+
+
+def wait_healthy(url: str, timeout: float) -> dict:
+    """Poll /health until it answers 200 (within ``timeout`` s); then the served model's card."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no healthy server at {url} within {timeout:.0f} s")
+        time.sleep(0.1)
+    card = httpx.get(f"{url}/v1/models", timeout=5).json()["data"][0]
+    if "vocab_size" not in card:
+        raise ValueError(f"the server at {url} does not say its vocab_size: bench serve needs a minillm server")
+    return card
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+
+
+@dataclass
+class Measured:
+    """One request measured at the client (perf_counter seconds) and by the engine (its clock)."""
+
+    client: RequestMetrics
+    engine: RequestMetrics
+
+
+def completion_body(model: str, request: Request) -> dict:
+    return {
+        "model": model,
+        "prompt": request.prompt,
+        "max_tokens": request.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "return_engine_timing": True,
+    }
+
+
+async def stream_one(client, model: str, request: Request, t0: float) -> Measured:
+    """Send ``request`` at its arrival time; the time each token's chunk came in."""
+    await asyncio.sleep(max(0.0, t0 + request.arrival - time.perf_counter()))
+    sent, times, engine_times = time.perf_counter(), [], None
+    async with client.stream("POST", "/v1/completions", json=completion_body(model, request)) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"request {request.id}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now, chunk = time.perf_counter(), json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"request {request.id}: {chunk['error']['message']}")
+            times += [now] * len(chunk["choices"][0].get("token_ids", []))
+            engine_times = chunk.get("engine_timing", {}).get("token_times", engine_times)
+    if engine_times is None or len(engine_times) != len(times):
+        raise RuntimeError(f"request {request.id}: the server sent no engine timing for its {len(times)} tokens")
+    n = len(request.prompt)
+    return Measured(RequestMetrics(sent, times, n), RequestMetrics(0.0, engine_times, n))
+
+
+async def stream_all(url: str, model: str, requests: Sequence[Request], bar: tqdm) -> list[Measured]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120.0), limits=limits) as client:
+        await stream_one(client, model, Request([0], 2), time.perf_counter())  # a first connection, warm
+
+        async def tracked(request: Request) -> Measured:
+            measured = await stream_one(client, model, request, t0)
+            bar.update()
+            return measured
+
+        t0 = time.perf_counter()
+        return list(await asyncio.gather(*(tracked(r) for r in requests)))
+
+
+def run_workload(url: str, model: str, requests: Sequence[Request], bar: tqdm) -> list[Measured]:
+    try:
+        import httpx  # noqa: F401
+    except ImportError as e:
+        raise ImportError(HTTPX) from e
+    return asyncio.run(stream_all(url, model, requests, bar))
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def latency_figures(metrics: Sequence[RequestMetrics], slo: SLO, seconds: float) -> dict:
+    """TTFT, TPOT, ITL and end-to-end percentiles (ms), and the goodput over ``seconds``."""
+    ms = lambda values: {k: 1e3 * v for k, v in percentiles(values, PS).items()}  # noqa: E731
+    tpots = [m.tpot for m in metrics if m.output_tokens > 1]
+    gaps = [g for m in metrics for g in m.itl]
+    good = goodput(metrics, slo, seconds)
+    return {
+        "ttft_ms": ms([m.ttft for m in metrics]),
+        "tpot_ms": ms(tpots) if tpots else None,
+        "itl_ms": ms(gaps) if gaps else None,
+        "e2e_ms": ms([m.e2e for m in metrics]),
+        "goodput_rps": good,
+        "slo_met_pct": 100 * good * seconds / len(metrics),
+    }
+
+
+def rate_figures(rate: float, measured: Sequence[Measured], slo: SLO) -> dict:
+    """One rate's run: throughput at the client, both sides' latencies, and what HTTP adds."""
+    client = [m.client for m in measured]
+    tp = throughput(client)
+    seconds = len(client) / tp["requests_per_s"]
+    ttft_gap = [m.client.ttft - m.engine.ttft for m in measured]
+    tpot_gap = [m.client.tpot - m.engine.tpot for m in measured if m.client.output_tokens > 1]
+    return {
+        "rate": rate,
+        "requests": len(measured),
+        "seconds": seconds,
+        "input_tokens_per_s": tp["input_tokens_per_s"],
+        "output_tokens_per_s": tp["output_tokens_per_s"],
+        "requests_per_s": tp["requests_per_s"],
+        "client": latency_figures(client, slo, seconds),
+        "engine": latency_figures([m.engine for m in measured], slo, seconds),
+        "http_ttft_ms_p50": 1e3 * percentiles(ttft_gap, (50,))["p50"],
+        "http_tpot_ms_p50": 1e3 * percentiles(tpot_gap, (50,))["p50"] if tpot_gap else None,
+    }
+
+
+def workload(options: ServeBench, vocab_size: int, run: int, rate: float) -> list[Request]:
+    """The chat-like requests of one rate: the same lengths at every rate, arrivals scaled, and
+    fresh prompt ids per run (so no run finds another's prompts in the prefix cache)."""
+    o = options
+    trace = chat_trace(o.n_requests, rate, o.prompt_median, 0.8, o.output_median, 0.8, o.max_len, o.seed)
+    return requests_from_trace(trace, vocab_size, seed=options.seed + 1000 * (run + 1))
+
+
+def bench_serve(options: ServeBench) -> dict:
+    """Every rate of ``options`` served over HTTP; the figures with where they were measured."""
+    if options.url is None:
+        server = server_process(options.model, options.max_batch, options.threads, options.startup_timeout)
+    else:
+        server = nullcontext(options.url.rstrip("/"))
+    with server as url:
+        card = wait_healthy(url, options.startup_timeout)
+        on = card.get("served_on", {})
+        figures = provenance(on.get("device", str(best_device())), card["id"], on.get("dtype"))
+        figures.update(hardware=on.get("hardware", figures["hardware"]), threads=on.get("threads"), url=options.url)
+        figures["workload"] = {
+            "requests_per_rate": options.n_requests,
+            "prompt_median": options.prompt_median,
+            "output_median": options.output_median,
+            "max_len": options.max_len,
+            "seed": options.seed,
+            "max_batch": on.get("max_batch"),
+        }
+        figures["slo"] = {"ttft_s": options.slo.ttft, "tpot_s": options.slo.tpot}
+        total = options.n_requests * len(options.rates)
+        runs = []
+        with tqdm(total=total, desc="bench serve", unit="req", disable=not options.progress) as bar:
+            for i, rate in enumerate(options.rates):
+                requests = workload(options, card["vocab_size"], i, rate)
+                runs.append(rate_figures(rate, run_workload(url, card["id"], requests, bar), options.slo))
+        figures["runs"] = runs
+    return finish_provenance(figures)
+
+
+SERVE_COLUMNS = {
+    "rate": "req/s",
+    "at": "at",
+    "ttft_p50": "TTFT p50",
+    "ttft_p99": "p99",
+    "tpot_p50": "TPOT p50",
+    "tpot_p99": "p99",
+    "itl_p99": "ITL p99",
+    "goodput": "goodput",
+    "slo_met_pct": "in SLO %",
+}
+
+
+def format_serve(figures: dict) -> str:
+    """Client and engine latencies per rate in one table (fits 88 columns), then per rate the
+    throughput and what HTTP adds, and where it was measured."""
+    rows = []
+    for run in figures["runs"]:
+        for side in ("client", "engine"):
+            f = run[side]
+            tpot, itl = f["tpot_ms"] or {}, f["itl_ms"] or {}
+            rows.append(
+                {
+                    "rate": run["rate"],
+                    "at": side,
+                    "ttft_p50": f["ttft_ms"]["p50"],
+                    "ttft_p99": f["ttft_ms"]["p99"],
+                    "tpot_p50": tpot.get("p50"),
+                    "tpot_p99": tpot.get("p99"),
+                    "itl_p99": itl.get("p99"),
+                    "goodput": f["goodput_rps"],
+                    "slo_met_pct": f["slo_met_pct"],
+                }
+            )
+    slo = figures["slo"]
+    title = (
+        f"{figures['workload']['requests_per_rate']} streamed requests per rate; ms; goodput: req/s "
+        f"within TTFT {1e3 * slo['ttft_s']:.0f} ms, TPOT {1e3 * slo['tpot_s']:.0f} ms"
+    )
+    lines = [format_table(rows, SERVE_COLUMNS, title=title)]
+    for run in figures["runs"]:
+        tpot = run["http_tpot_ms_p50"]
+        per_token = f", {tpot:+.2f} ms TPOT" if tpot is not None else ""
+        lines.append(
+            f"{run['rate']:g} req/s: {run['output_tokens_per_s']:.0f} output tokens/s; HTTP adds (p50) "
+            f"{run['http_ttft_ms_p50']:+.1f} ms TTFT{per_token}"
+        )
+    lines += textwrap.wrap(describe(figures), 88)
+    return "\n".join(lines)
+
+
+def curve_rows(figures: dict) -> list[dict]:
+    """Rows for ``viz.serving.plot_latency_throughput``: one curve measured at the client, one by the engine."""
+    rows = []
+    for run in figures["runs"]:
+        for side, label in (("client", "client (HTTP)"), ("engine", "engine")):
+            f = run[side]
+            p99, p50 = f["ttft_ms"]["p99"], (f["tpot_ms"] or {}).get("p50")
+            rows.append(
+                {
+                    "policy": label,
+                    "rate": run["rate"],
+                    "tokens_per_s": run["output_tokens_per_s"],
+                    "ttft_p99_ms": p99,
+                    "tpot_p50_ms": p50,
+                }
+            )
+    return rows

@@ -1,0 +1,372 @@
+"""An OpenAI-compatible HTTP server on the continuous-batching engine (FastAPI + uvicorn).
+
+    python -m minillm serve --model minillm-target            # http://127.0.0.1:8000
+    curl -N localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+         -d '{"prompt": "def add(a, b):", "max_tokens": 32, "stream": true}'
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (for checkpoints with a chat
+template), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). With an API key,
+every ``/v1`` request needs ``Authorization: Bearer KEY``. Bad input is a 4xx with an OpenAI
+error object naming the field (``openai_api``); the engine loop (``async_engine``) keeps serving.
+A client that goes away aborts its request. On SIGINT/SIGTERM the server stops accepting, lets
+requests in flight finish for ``shutdown_timeout`` seconds, aborts the rest and exits.
+
+The web framework is imported only when a server is made (``create_app``, ``run_server``), so
+the rest of minillm works without the ``serve`` extra.
+"""
+
+import asyncio
+import contextlib
+import hmac
+import json
+import math
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..core.checkpoints import load
+from ..core.device import hardware_description, threads_label
+from .async_engine import AsyncEngine
+from .engine import Engine, EngineConfig, RequestTooLargeError
+from .openai_api import (
+    APIError,
+    ModelInfo,
+    answer,
+    chunk_json,
+    engine_timing,
+    parse_job,
+    response_json,
+    role_chunk_json,
+    usage_chunk_json,
+)
+from .scheduler import SchedulerConfig
+from .workload import Request
+
+SERVE_EXTRA = "pip install 'minillm[serve]' (fastapi, uvicorn, prometheus_client, jinja2)"
+ROUTES = "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics"
+
+
+def require_serve_extra() -> None:
+    """ImportError naming what to install when the server's packages are missing."""
+    missing = []
+    for name in ("fastapi", "uvicorn", "prometheus_client", "jinja2"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ImportError(f"the server needs {', '.join(missing)}: {SERVE_EXTRA}")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    model: str  # a bundled model's name, a checkpoint directory or a hub id; clients send it as "model"
+    host: str = "127.0.0.1"  # loopback only by default; 0.0.0.0 serves the network
+    port: int = 8000  # 0: any free port (the first printed line says which)
+    api_key: str | None = None  # when set, /v1 requests need "Authorization: Bearer <api_key>"
+    max_batch: int = 16  # sequences per engine step at most
+    num_blocks: int = 256  # KV pool, in blocks
+    block_size: int = 16  # tokens per KV block
+    device: str | None = None  # None: the best available
+    dtype: torch.dtype | None = None  # None: float32 on a CPU, the checkpoint's own on a GPU
+    shutdown_timeout: float = 5.0  # seconds requests in flight may take to finish on SIGTERM
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be a model name or path, got {self.model!r}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be an address such as 127.0.0.1, got {self.host!r}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise ValueError("api_key must be a non-empty string or None")
+        for name in ("max_batch", "num_blocks", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        t = self.shutdown_timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"shutdown_timeout must be a finite number of seconds >= 0, got {t!r}")
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(self.num_blocks, self.block_size, scheduler=SchedulerConfig("continuous", self.max_batch))
+
+
+def model_info(name: str, tokenizer, engine: Engine) -> ModelInfo:
+    """What the API says of the served model, where it runs, and what the engine's KV pool holds."""
+    if tokenizer is None:
+        raise ValueError(f"{name} has no tokenizer.json: a server needs one to turn text into tokens")
+    model, config = engine.model, engine.config
+    served_on = {
+        "hardware": hardware_description(model.device),
+        "device": str(model.device),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads() if model.device.type == "cpu" else None,
+        "max_batch": config.scheduler.max_batch,
+    }
+    c, pool = model.config, config.num_blocks * config.block_size
+    return ModelInfo(name, tokenizer, c.vocab_size, c.max_seq_len, c.eos_ids, kv_pool_tokens=pool, served_on=served_on)
+
+
+# ---------------------------------------------------------------------------------------------
+# The application
+
+
+def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = None):
+    """The FastAPI app serving ``engine``'s model as ``name``; its lifespan starts the engine's loop
+    and shuts it down."""
+    require_serve_extra()
+    from fastapi import APIRouter, Depends, FastAPI
+    from fastapi import Request as HTTPRequest
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    from .prometheus import ServerMetrics
+
+    info = model_info(name, tokenizer, engine.engine)
+    metrics = ServerMetrics(engine)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if not engine.running:
+            engine.start()
+        yield
+        await asyncio.to_thread(engine.shutdown)
+
+    def authorize(request: HTTPRequest) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, "a valid API key is needed: send 'Authorization: Bearer KEY'", code="invalid_api_key")
+
+    app = FastAPI(title="minillm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
+
+    async def serve(request: HTTPRequest, chat: bool):
+        job = parse_job(await json_body(request), info, chat)
+        try:
+            stream = engine.add_request(job.request)
+        except RequestTooLargeError as e:
+            raise APIError(400, str(e), "max_tokens", "request_too_large") from None
+        except ValueError as e:
+            raise APIError(400, str(e), "messages" if chat else "prompt") from None
+        except RuntimeError as e:
+            raise APIError(503, str(e), code="shutting_down") from None
+        pieces = answer(job, stream, engine.abort, tokenizer)
+        if job.stream:
+            events = sse_events(job, info.name, pieces)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        collecting = asyncio.ensure_future(collect(job, info.name, pieces))
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            await asyncio.wait({collecting, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collecting.done():  # the client went away, or the server stops: the request ends
+                collecting.cancel()
+                engine.abort(stream.id)
+        if collecting.cancelled():
+            return Response(status_code=499)  # nobody is listening (nginx's "client closed request")
+        return JSONResponse(collecting.result())
+
+    @v1.post("/completions")
+    async def completions(request: HTTPRequest):
+        return await serve(request, chat=False)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: HTTPRequest):
+        return await serve(request, chat=True)
+
+    @v1.get("/models")
+    async def models():
+        return {"object": "list", "data": [info.card()]}
+
+    @v1.get("/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != info.name:
+            message = f"the model {model_id!r} does not exist here; this server serves {info.name!r}"
+            raise APIError(404, message, "model", "model_not_found")
+        return info.card()
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health():
+        if engine.running:
+            return {"status": "ok"}
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: HTTPRequest, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: HTTPRequest, e: HTTPException):
+        what = f"{request.method} {request.url.path}"
+        message = f"no route {what}; this server has {ROUTES}" if e.status_code == 404 else f"{e.detail}: {what}"
+        code = "not_found" if e.status_code == 404 else None
+        return JSONResponse(APIError(e.status_code, message, code=code).body(), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: HTTPRequest, e: Exception):  # logged by uvicorn; the client gets one line
+        body = APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error").body()
+        return JSONResponse(body, status_code=500)
+
+    return app
+
+
+async def json_body(request) -> object:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+
+
+async def disconnected(request) -> None:
+    """Return when the client closes the connection (the body has been read by then)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(job, model: str, pieces) -> dict:
+    """A whole answer, for a request that is not streamed; an engine error is a 500."""
+    text, ids, times, reason = [], [], [], None
+    async for piece in pieces:
+        if piece.error is not None:
+            raise APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
+        text.append(piece.text)
+        ids += piece.token_ids
+        times += piece.times
+        reason = piece.finish_reason
+    body = response_json(job, model, "".join(text), ids, reason)
+    if job.return_engine_timing:
+        body["engine_timing"] = engine_timing(job.request, times)
+    return body
+
+
+def event(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+async def sse_events(job, model: str, pieces):
+    """Server-sent events: one chunk per step that adds text (every step with return_token_ids),
+    the finish reason on the last, the usage when asked for, then ``data: [DONE]``."""
+    if job.chat:
+        yield event(role_chunk_json(job, model))
+    n, times = 0, []
+    async for piece in pieces:
+        if piece.error is not None:
+            yield event(APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error").body())
+            break
+        n, times = n + len(piece.token_ids), times + piece.times
+        if piece.text or piece.finish_reason or (job.return_token_ids and piece.token_ids):
+            chunk = chunk_json(job, model, piece.text, piece.token_ids, piece.finish_reason)
+            if piece.finish_reason and job.return_engine_timing:
+                chunk["engine_timing"] = engine_timing(job.request, times)
+            yield event(chunk)
+    if job.include_usage:
+        yield event(usage_chunk_json(job, model, n))
+    yield event("[DONE]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: a free one), bound here so the port is known. Its
+    protocol is named (IPPROTO_TCP), so that asyncio sets TCP_NODELAY on the connections it
+    accepts: with Nagle's algorithm on, each small streamed chunk waits for the client's delayed
+    ACK (about 40 ms on Linux)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(128)
+    return sock
+
+
+def make_server(app, shutdown_timeout: float, drain: Callable[[], None] | None = None):
+    """A uvicorn server for ``app``. On SIGINT/SIGTERM (or ``should_exit``) it stops accepting,
+    lets requests in flight run for ``shutdown_timeout`` s, then calls ``drain`` (which aborts what
+    is left, so that every stream still ends with its last chunk and ``[DONE]``); a connection
+    still open 2 s later is cut. It then exits normally: uvicorn re-raises the signal after its
+    graceful shutdown, which would end the process with the signal's status instead of 0."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            originals = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+
+        async def shutdown(self, sockets=None):
+            timer = asyncio.get_running_loop().call_later(shutdown_timeout, drain) if drain else None
+            try:
+                await super().shutdown(sockets)
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    config = uvicorn.Config(
+        app,
+        http="h11",
+        loop="asyncio",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=shutdown_timeout + (2 if drain else 0),
+    )
+    return Server(config)
+
+
+def warm_up(model, block_size: int) -> None:
+    """One tiny request through a throwaway engine: the first forward's one-off costs stay out of
+    the first client's latency."""
+    Engine(model, EngineConfig(num_blocks=2, block_size=block_size)).run([Request([0], 2)])
+
+
+def run_server(options: ServerOptions) -> int:
+    """Load the model, print where it is served, and serve until SIGINT/SIGTERM; returns 0."""
+    require_serve_extra()
+    model, tokenizer = load(options.model, device=options.device, dtype=options.dtype)
+    engine = AsyncEngine(Engine(model, options.engine_config()))
+    warm_up(model, options.block_size)
+    app = create_app(engine, options.model, tokenizer, options.api_key)
+    sock = bind(options.host, options.port)
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    where = f"{model.device.type}, {str(model.dtype).removeprefix('torch.')}"
+    if model.device.type == "cpu":
+        where += f", {threads_label(torch.get_num_threads())}"
+    print(
+        f"serving {options.model} on http://{host}:{sock.getsockname()[1]} ({where}; max batch "
+        f"{options.max_batch}, {options.num_blocks} KV blocks of {options.block_size} tokens)",
+        flush=True,
+    )
+    make_server(app, options.shutdown_timeout, drain=lambda: engine.shutdown(timeout=0)).run(sockets=[sock])
+    print("server stopped", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,390 @@
+"""The OpenAI API's request and response shapes, without the web framework: a JSON body in, a
+checked ``Job`` (an engine ``Request`` plus what the answer needs) out, or an ``APIError`` that
+names the field; and the JSON of answers, streamed chunks and errors.
+
+Supported: ``POST /v1/completions`` (``prompt`` as text or token ids, ``max_tokens``,
+``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stream``, ``stream_options``) and
+``POST /v1/chat/completions`` (``messages``, rendered with the checkpoint's chat template).
+Extensions, as vLLM names them: ``top_k``, ``ignore_eos`` (stop only at ``max_tokens``),
+``return_token_ids`` (each choice carries the ids); and ``return_engine_timing``: the answer's
+last chunk carries the engine's own clock for the request (each token's time since it arrived),
+so that a client can put its own latencies beside the engine's.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.prompts import check_vocabulary, token_rows
+from ..core.sampling import SamplingParams
+from ..core.tokenizer import StreamDecoder, Tokenizer
+from .async_engine import RequestStream
+from .workload import Request
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+# Fields of the OpenAI API this server does not implement, and the values it accepts for them (their defaults)
+UNSUPPORTED = {
+    "n": (1,),
+    "best_of": (1,),
+    "echo": (False,),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "suffix": ("",),
+    "tools": ([],),
+    "logit_bias": ({},),
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+}
+DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default
+
+
+class APIError(Exception):
+    """A request the server refuses: HTTP status, and the OpenAI error object's fields."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    @property
+    def type(self) -> str:
+        if self.status == 401:
+            return "authentication_error"
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the protocol needs to know of the served model."""
+
+    name: str  # the id clients send as "model"
+    tokenizer: Tokenizer
+    vocab_size: int
+    max_seq_len: int  # context: prompt + max_tokens at most
+    eos_ids: tuple[int, ...]
+    kv_pool_tokens: int | None = None  # what the engine's KV pool holds: prompt + max_tokens at most
+    served_on: dict = field(default_factory=dict)  # hardware, device, dtype, threads: for labelling figures
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def card(self) -> dict:
+        """The model's entry in /v1/models, with what a client benchmark needs to label its figures."""
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "minillm",
+            "max_model_len": self.max_seq_len,
+            "vocab_size": self.vocab_size,
+            "served_on": self.served_on,
+        }
+
+
+@dataclass
+class Job:
+    """A checked request: the engine's ``Request`` and what shaping the answer needs."""
+
+    request: Request
+    chat: bool  # /v1/chat/completions: answers are messages, chunks are deltas
+    stream: bool = False
+    stop: tuple[str, ...] = ()
+    include_usage: bool = False  # streamed: a last chunk with the token counts
+    return_token_ids: bool = False
+    return_engine_timing: bool = False
+    id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests in
+
+
+def _get(body: dict, name: str, kinds: tuple[type, ...], default: Any, what: str) -> Any:
+    """body[name] if it has one of ``kinds`` (null or absent: ``default``), else a 400 naming it."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
+        raise APIError(400, f"'{name}' must be {what}, got {type(value).__name__} {value!r:.60}", name)
+    return value
+
+
+def _sampling(body: dict, temperature_default: float = 1.0) -> SamplingParams:
+    """Temperature, top_p, top_k and seed, each checked by ``SamplingParams`` and named when wrong."""
+    values = {
+        "temperature": body.get("temperature", temperature_default),
+        "top_p": body.get("top_p"),
+        "top_k": body.get("top_k"),
+        "seed": body.get("seed"),
+    }
+    values["temperature"] = temperature_default if values["temperature"] is None else values["temperature"]
+    for name, value in values.items():
+        try:
+            SamplingParams(**{name: value})
+        except ValueError as e:
+            raise APIError(400, str(e), name) from None
+    return SamplingParams(**values)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+        raise APIError(400, f"'stop' must be a non-empty string or a list of up to 4 of them, got {stop!r:.60}", "stop")
+    return tuple(stops)
+
+
+def _prompt_ids(body: dict, model: ModelInfo) -> list[int]:
+    """The prompt's ids: text is encoded; ids are checked (ints, in the vocabulary); one prompt."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if prompt is None:
+        raise APIError(400, "'prompt' is required: text, or a list of token ids", "prompt")
+    if isinstance(prompt, str):
+        ids = model.tokenizer.encode(prompt)
+        if not ids:
+            raise APIError(400, "'prompt' is empty: it encodes to no token at all", "prompt")
+        return ids
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise APIError(400, f"'prompt' holds {len(prompt)} prompts; this server takes one per request", "prompt")
+    if not isinstance(prompt, list):
+        raise APIError(400, f"'prompt' must be text or a list of token ids, got {type(prompt).__name__}", "prompt")
+    try:
+        ids = token_rows(prompt)[0]
+        check_vocabulary([ids], model.vocab_size)
+    except ValueError as e:
+        raise APIError(400, f"'prompt' must be text or a list of token ids: {e}", "prompt") from None
+    return ids
+
+
+def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "'messages' is required: a non-empty list of {role, content} objects", "messages")
+    if model.tokenizer.chat_template is None:
+        raise APIError(
+            400,
+            f"{model.name} has no chat template (its tokenizer_config.json carries none), so chat "
+            "messages cannot be turned into a prompt; use /v1/completions with a prompt instead",
+            "messages",
+            "no_chat_template",
+        )
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise APIError(400, f"'messages[{i}]' needs a 'role', one of {list(ROLES)}", f"messages[{i}].role")
+        if not isinstance(m.get("content"), (str, list)):
+            raise APIError(400, f"'messages[{i}].content' must be a string", f"messages[{i}].content")
+    text = render_chat(model.tokenizer, [{"role": m["role"], "content": message_text(m)} for m in messages])
+    return model.tokenizer.encode(text, add_special_tokens=False)
+
+
+def message_text(message: dict) -> str:
+    """A message's content as text: a string, or the text parts of a list of parts."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
+def render_chat(tokenizer: Tokenizer, messages: list[dict]) -> str:
+    """The chat template rendered as Hugging Face does (a sandboxed Jinja environment, trim_blocks,
+    lstrip_blocks, the generation prompt added); an error in it is a 400 on ``messages``."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(tokenizer.chat_template).render(
+            messages=messages,
+            add_generation_prompt=True,
+            bos_token=tokenizer.bos_token or "",
+            eos_token=tokenizer.eos_token or "",
+        )
+    except TemplateError as e:
+        raise APIError(400, f"the chat template refused these messages: {e}", "messages") from None
+
+
+def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
+    """A completions (or chat completions) body -> a checked ``Job``, or an ``APIError``."""
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    name = _get(body, "model", (str,), model.name, "a string")
+    if name != model.name:
+        raise APIError(
+            404,
+            f"the model {name!r} does not exist here; this server serves {model.name!r}",
+            "model",
+            "model_not_found",
+        )
+    for key, accepted in UNSUPPORTED.items():
+        if body.get(key) is not None and body[key] not in accepted:
+            raise APIError(400, f"'{key}' is not supported by this server (only its default {accepted[0]!r})", key)
+    ids = _chat_ids(body, model) if chat else _prompt_ids(body, model)
+    room = model.max_seq_len - len(ids)
+    if room < 1:
+        field_name = "messages" if chat else "prompt"
+        raise APIError(
+            400,
+            f"'{field_name}' is {len(ids)} tokens: no room left in the context of {model.max_seq_len}",
+            field_name,
+            "context_length_exceeded",
+        )
+    limit = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    fits = room if model.kv_pool_tokens is None else max(1, min(room, model.kv_pool_tokens - len(ids)))
+    max_tokens = _get(body, limit, (int,), fits if chat else DEFAULT_MAX_TOKENS, "a positive integer")
+    if max_tokens < 1:
+        raise APIError(400, f"'{limit}' must be a positive integer, got {max_tokens}", limit)
+    if max_tokens > room:
+        raise APIError(
+            400,
+            f"prompt ({len(ids)} tokens) + '{limit}' ({max_tokens}) exceeds the context length "
+            f"{model.max_seq_len}; ask for at most {room} tokens",
+            limit,
+            "context_length_exceeded",
+        )
+    ignore_eos = _get(body, "ignore_eos", (bool,), False, "true or false")
+    stream = _get(body, "stream", (bool,), False, "true or false")
+    options = _get(body, "stream_options", (dict,), {}, "an object")
+    request = Request(ids, max_tokens, params=_sampling(body), stop_ids=() if ignore_eos else model.eos_ids)
+    return Job(
+        request,
+        chat,
+        stream,
+        _stop(body),
+        bool(options.get("include_usage")) and stream,
+        _get(body, "return_token_ids", (bool,), False, "true or false"),
+        _get(body, "return_engine_timing", (bool,), False, "true or false"),
+        id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Text out
+
+
+class TextStream:
+    """Token ids in, text out, cut at the first stop string. Text that could still become the
+    start of a stop string is held back until it cannot (or the answer ends)."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = ()):
+        self.decoder = StreamDecoder(tokenizer)
+        self.stop, self.holdback = stop, max((len(s) for s in stop), default=1) - 1
+        self.text, self.sent, self.stopped = "", 0, False
+
+    def push(self, token: int) -> str:
+        self.text += self.decoder.push(token)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        self.text += self.decoder.flush()
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        hits = [i for i in (self.text.find(s, self.sent) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped, end = True, min(hits)
+        else:
+            end = len(self.text) if final else max(self.sent, len(self.text) - self.holdback)
+        piece, self.sent = self.text[self.sent : end], end
+        return piece
+
+
+def usage(job: Job, completion_tokens: int) -> dict:
+    n = len(job.request.prompt)
+    return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
+
+
+def _choice(job: Job, text: str, token_ids: list[int], finish_reason: str | None, chunk: bool) -> dict:
+    if not job.chat:
+        choice = {"index": 0, "text": text}
+    elif chunk:
+        choice = {"index": 0, "delta": {"content": text} if text else {}}
+    else:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+    choice.update(logprobs=None, finish_reason=finish_reason)
+    if job.return_token_ids:
+        choice["token_ids"] = token_ids
+    return choice
+
+
+def _envelope(job: Job, model: str, chunk: bool, choices: list[dict]) -> dict:
+    kind = ("chat.completion" if job.chat else "text_completion") + (".chunk" if job.chat and chunk else "")
+    return {"id": job.id, "object": kind, "created": job.created, "model": model, "choices": choices}
+
+
+def chunk_json(job: Job, model: str, text: str, token_ids: list[int], finish_reason: str | None = None) -> dict:
+    """One server-sent event's JSON: the new text (and ids), and on the last one the finish reason."""
+    return _envelope(job, model, True, [_choice(job, text, token_ids, finish_reason, chunk=True)])
+
+
+def role_chunk_json(job: Job, model: str) -> dict:
+    """A streamed chat answer's first chunk: who speaks."""
+    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    return _envelope(job, model, True, [choice])
+
+
+def usage_chunk_json(job: Job, model: str, completion_tokens: int) -> dict:
+    return {**_envelope(job, model, True, []), "usage": usage(job, completion_tokens)}
+
+
+def response_json(job: Job, model: str, text: str, token_ids: list[int], finish_reason: str) -> dict:
+    """The whole answer of a request that was not streamed."""
+    return {
+        **_envelope(job, model, False, [_choice(job, text, token_ids, finish_reason, chunk=False)]),
+        "usage": usage(job, len(token_ids)),
+    }
+
+
+def engine_timing(request: Request, token_times: list[float]) -> dict:
+    """The engine's clock for one request: each token's time since the request arrived (s)."""
+    return {"token_times": [t - request.arrival for t in token_times]}
+
+
+@dataclass
+class Piece:
+    """What one engine delta adds to an answer: text (possibly empty, held back), ids, their times."""
+
+    text: str
+    token_ids: list[int]
+    times: list[float]
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+async def answer(job: Job, stream: RequestStream, abort: Callable[[int], None], tokenizer: Tokenizer):
+    """The answer to ``job`` as ``Piece``s, from its engine stream. A stop string ends it (and
+    aborts the request, freeing its blocks); so does leaving early: a client that goes away."""
+    text = TextStream(tokenizer, job.stop)
+    done = False
+    try:
+        async for delta in stream:
+            ids, pieces = [], []
+            for token in delta.tokens:
+                ids.append(token)
+                pieces.append(text.push(token))
+                if text.stopped:
+                    break
+            if delta.finished and not text.stopped:
+                pieces.append(text.finish())
+            reason = "stop" if text.stopped else delta.finish_reason
+            done = reason is not None
+            yield Piece("".join(pieces), ids, list(delta.times[: len(ids)]), reason, delta.error)
+            if done:
+                return
+    finally:
+        if not done or text.stopped:
+            abort(stream.id)  # no-op for a request the engine has finished already

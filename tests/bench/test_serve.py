@@ -1,0 +1,95 @@
+"""bench serve: the server measured from a client over HTTP, beside the engine's own clock for the
+same requests. Every request's client-side TTFT includes the engine's (the client sends first and
+hears last); the figures carry where they were measured; the printed table fits 88 columns; the
+command starts and stops its own server."""
+
+import json
+
+import pytest
+from tqdm.auto import tqdm
+
+import minillm
+from minillm.bench.serve import ServeBench, bench_serve, curve_rows, format_serve, run_workload, workload
+from minillm.serving.http import create_app
+from tests.serving.conftest import LiveServer, make_engine, save_tiny_checkpoint
+from tests.test_cli import assert_one_line_error, run_main
+
+pytest.importorskip("httpx")
+SMALL = dict(n_requests=6, prompt_median=8, output_median=6, max_len=64)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("bench-serve"))
+
+
+@pytest.fixture(scope="module")
+def url(checkpoint):
+    model, tokenizer = minillm.load(checkpoint)
+    engine = make_engine(model)
+    with LiveServer(create_app(engine, "tiny-serve", tokenizer), engine) as url:
+        yield url
+
+
+def test_each_request_is_measured_at_the_client_and_by_the_engine(url):
+    options = ServeBench(url=url, rates=(100.0,), **SMALL)
+    requests = workload(options, 300, 0, 100.0)
+    measured = run_workload(url, "tiny-serve", requests, tqdm(disable=True))
+    assert len(measured) == 6
+    for m, r in zip(measured, requests):
+        assert m.client.output_tokens == m.engine.output_tokens == r.max_tokens  # ignore_eos: the exact length
+        assert m.client.ttft >= m.engine.ttft > 0  # the client sends first and hears last
+        assert m.client.e2e >= m.engine.e2e
+
+
+def test_bench_serve_figures_at_two_rates(url):
+    figures = bench_serve(ServeBench(url=url, rates=(50.0, 200.0), **SMALL))
+    assert {"hardware", "threads", "dtype", "model", "date", "load_average_after"} <= set(figures)
+    assert figures["model"] == "tiny-serve" and figures["dtype"] == "float32" and figures["threads"] >= 1
+    assert [run["rate"] for run in figures["runs"]] == [50.0, 200.0]
+    for run in figures["runs"]:
+        assert run["requests"] == 6 and run["output_tokens_per_s"] > 0 and run["input_tokens_per_s"] > 0
+        for side in ("client", "engine"):
+            f = run[side]
+            assert f["ttft_ms"]["p50"] <= f["ttft_ms"]["p90"] <= f["ttft_ms"]["p99"]
+            assert 0 <= f["slo_met_pct"] <= 100 and f["goodput_rps"] <= run["requests_per_s"] + 1e-9
+        assert run["client"]["ttft_ms"]["p50"] >= run["engine"]["ttft_ms"]["p50"] and run["http_ttft_ms_p50"] > 0
+    text = format_serve(figures)
+    assert max(len(line) for line in text.splitlines()) <= 88, text
+    assert "client" in text and "engine" in text and "HTTP adds" in text
+    rows = curve_rows(figures)
+    assert {r["policy"] for r in rows} == {"client (HTTP)", "engine"} and len(rows) == 4
+    json.dumps(figures)  # saved as JSON
+
+
+def test_the_command_starts_its_own_server_and_writes_json(checkpoint, tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--model", str(checkpoint), "--requests", "4", "--rate", "100", "--prompt-median"]
+    argv += ["8", "--output-median", "4", "--no-progress", "--no-save", "--json", str(out), "--threads", "1"]
+    status, stdout, err = run_main(argv, capsys)
+    assert status == 0, err
+    table = stdout.split("figures written to")[0]
+    assert "TTFT p50" in table and max(len(line) for line in table.splitlines()) <= 88
+    figures = json.loads(out.read_text())
+    assert figures["threads"] == 1 and figures["runs"][0]["requests"] == 4 and figures["url"] is None
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({"rates": ()}, "rates must be positive"),
+        ({"rates": (0.0,)}, "rates must be positive"),
+        ({"n_requests": 0}, "n_requests must be a positive integer"),
+        ({"url": "localhost:8000"}, "url must start with http://"),
+        ({"threads": 0}, "threads must be a positive integer"),
+    ],
+)
+def test_options_are_checked(fields, match):
+    with pytest.raises(ValueError, match=match):
+        ServeBench(**fields)
+
+
+def test_a_bad_rate_on_the_command_line_is_one_line(capsys):
+    status, out, err = run_main(["bench", "serve", "--rate", "-1", "--no-save"], capsys)
+    assert_one_line_error(status, err, "rates must be positive")
+    assert out == ""

@@ -1,0 +1,357 @@
+"""The HTTP server, through the real ``openai`` client and raw HTTP on 127.0.0.1: greedy answers
+equal ``minillm.generate`` token for token, streamed or not; stop strings stop; 64 concurrent
+streams each get their own answer and leave no block behind; a client that goes away frees its
+blocks; every bad input is a 4xx naming the field and the server goes on; an API key is
+enforced; SIGTERM with requests in flight exits 0 within its bound."""
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import minillm
+from minillm.serving.http import create_app
+from minillm.serving.openai_api import render_chat
+from tests.serving.conftest import LiveServer, make_engine
+from tests.test_cli import assert_one_line_error, run_main
+
+openai = pytest.importorskip("openai")
+NAME = "tiny-serve"
+POOL_BLOCKS = 30  # 480 tokens: less than the context (512), so a request can fit one and not the other
+REPO = Path(__file__).resolve().parents[2]
+ABORTED = 'minillm_requests_finished_total{reason="abort"}'
+
+
+class Live:
+    def __init__(self, url, model, tokenizer, engine):
+        self.url, self.model, self.tokenizer, self.engine = url, model, tokenizer, engine
+        self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        return minillm.generate(self.model, ids, n).tokens[0].tolist()
+
+    def metric(self, name: str, missing: float | None = None) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        if found is None and missing is not None:
+            return missing
+        return float(found.group(1))
+
+    def wait_until_idle(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metric("minillm_kv_blocks_used") or self.metric("minillm_requests_running"):
+            assert time.monotonic() < deadline, "the server kept blocks or requests after its clients left"
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def live(checkpoint):
+    model, tokenizer = minillm.load(checkpoint)
+    engine = make_engine(model, num_blocks=POOL_BLOCKS)
+    with LiveServer(create_app(engine, NAME, tokenizer), engine) as url:
+        yield Live(url, model, tokenizer, engine)
+
+
+PROMPT = "def add(a, b):"
+
+
+def test_completion_equals_generate_with_usage(live):
+    ids = live.tokenizer.encode(PROMPT)
+    expected = live.greedy(ids, 12)
+    r = live.client.completions.create(
+        model=NAME, prompt=PROMPT, max_tokens=12, temperature=0, extra_body={"return_token_ids": True}
+    )
+    choice = r.choices[0]
+    assert choice.model_extra["token_ids"] == expected
+    assert choice.text == live.tokenizer.decode(expected) and choice.finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(ids), 12, len(ids) + 12)
+    assert r.object == "text_completion" and r.model == NAME
+
+
+def test_streamed_completion_equals_generate(live):
+    ids = live.tokenizer.encode(PROMPT)
+    expected = live.greedy(ids, 20)
+    chunks = list(
+        live.client.completions.create(
+            model=NAME,
+            prompt=PROMPT,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"return_token_ids": True},
+        )
+    )
+    body = [c for c in chunks if c.choices]
+    assert len(body) >= 10, "tokens should come in many chunks, not one at the end"
+    assert [t for c in body for t in c.choices[0].model_extra["token_ids"]] == expected
+    assert "".join(c.choices[0].text for c in body) == live.tokenizer.decode(expected)
+    assert body[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 20 and chunks[-1].usage.prompt_tokens == len(ids)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_stop_strings_stop(live, stream):
+    full = live.tokenizer.decode(live.greedy(live.tokenizer.encode(PROMPT), 40))
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    kwargs = dict(model=NAME, prompt=PROMPT, max_tokens=40, temperature=0, stop=[stop])
+    if stream:
+        chunks = [c for c in live.client.completions.create(stream=True, **kwargs) if c.choices]
+        text, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+    else:
+        choice = live.client.completions.create(**kwargs).choices[0]
+        text, reason = choice.text, choice.finish_reason
+    assert text == full[: full.index(stop)] and reason == "stop"
+    live.wait_until_idle()  # the request was aborted when its stop string came
+
+
+def test_chat_completion_renders_the_template(live):
+    messages = [{"role": "user", "content": "Add two numbers."}]
+    ids = live.tokenizer.encode(render_chat(live.tokenizer, messages), add_special_tokens=False)
+    expected = live.tokenizer.decode(live.greedy(ids, 10))
+    r = live.client.chat.completions.create(model=NAME, messages=messages, max_tokens=10, temperature=0)
+    assert r.choices[0].message.content == expected and r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens == len(ids)
+    stream = live.client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=10, stream=True, temperature=0
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+
+
+def test_models_and_health(live):
+    assert [m.id for m in live.client.models.list().data] == [NAME]
+    assert httpx.get(f"{live.url}/health", timeout=10).json() == {"status": "ok"}
+    assert httpx.get(f"{live.url}/v1/models/{NAME}", timeout=10).json()["max_model_len"] == 512
+
+
+def test_metrics_name_what_the_issue_asks_for(live):
+    live.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0)
+    text = httpx.get(f"{live.url}/metrics", timeout=10).text
+    for name in (
+        "minillm_time_to_first_token_seconds_bucket",
+        "minillm_inter_token_latency_seconds_bucket",
+        "minillm_e2e_request_latency_seconds_count",
+        "minillm_requests_running",
+        "minillm_requests_waiting",
+        "minillm_kv_blocks_used",
+        "minillm_kv_blocks_free",
+        "minillm_preemptions_total",
+        "minillm_generation_tokens_total",
+        "minillm_prompt_tokens_total",
+    ):
+        assert re.search(rf"^{name}(\{{.*\}})? ", text, re.M), f"{name} missing from /metrics"
+    assert live.metric("minillm_kv_blocks_free") == POOL_BLOCKS and live.metric("minillm_generation_tokens_total") >= 3
+
+
+def test_64_concurrent_streams_each_get_their_own_answer(live):
+    prompts = [[(7 * i + j) % live.tokenizer.vocab_size for j in range(3 + i % 9)] for i in range(64)]
+    expected = [live.greedy(p, 6) for p in prompts]
+    client = openai.AsyncOpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    async def one(p):
+        stream = await client.completions.create(
+            model=NAME, prompt=p, max_tokens=6, temperature=0, stream=True, extra_body={"return_token_ids": True}
+        )
+        return [t async for c in stream for t in c.choices[0].model_extra["token_ids"]]
+
+    async def main():
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(p) for p in prompts)), 60)
+        finally:
+            await client.close()
+
+    assert asyncio.run(main()) == expected
+    live.wait_until_idle()
+    assert live.engine.engine.blocks.allocator.num_used == 0
+
+
+def test_a_client_that_goes_away_frees_its_blocks(live):
+    aborted = live.metric(ABORTED, missing=0.0)
+    body = {"model": NAME, "prompt": "x", "max_tokens": 470, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=30) as client, client.stream("POST", f"{live.url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert [next(lines) for _ in range(3)][0].startswith("data: ")
+        assert live.metric("minillm_kv_blocks_used") > 0
+    live.wait_until_idle()
+    assert live.metric(ABORTED) == aborted + 1
+    r = live.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_a_client_that_goes_away_before_a_whole_answer_frees_its_blocks_too(live):
+    """Not streamed: the handler notices the closed connection while the engine generates."""
+    import socket
+
+    aborted = live.metric(ABORTED, missing=0.0)
+    body = json.dumps({"model": NAME, "prompt": "x", "max_tokens": 470, "temperature": 0}).encode()
+    host, port = live.url.removeprefix("http://").split(":")
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.monotonic() + 10
+        while not live.metric("minillm_kv_blocks_used"):
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.005)
+    live.wait_until_idle()
+    assert live.metric(ABORTED) == aborted + 1
+
+
+BAD = [
+    # (path, body (bytes: sent raw), status, param, words in the message)
+    ("/v1/completions", b"{not json", 400, None, "not valid JSON"),
+    ("/v1/completions", b"[1, 2]", 400, None, "JSON object"),
+    ("/v1/completions", {"max_tokens": 4}, 400, "prompt", "'prompt' is required"),
+    ("/v1/completions", {"prompt": 5}, 400, "prompt", "text or a list of token ids"),
+    ("/v1/completions", {"prompt": [1.5, 2]}, 400, "prompt", "not an int"),
+    ("/v1/completions", {"prompt": [1, 99999]}, 400, "prompt", "vocabulary"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", "one per request"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", "integer"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "positive"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 600}, 400, "max_tokens", "context length 512"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 490}, 400, "max_tokens", "KV pool has only 30"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature", "temperature must be"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p", "(0, 1]"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p", "(0, 1]"),
+    ("/v1/completions", {"prompt": "hi", "top_k": 0}, 400, "top_k", "top_k must be"),
+    ("/v1/completions", {"prompt": "hi", "seed": "x"}, 400, "seed", "seed must be"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", "true or false"),
+    ("/v1/completions", {"prompt": "hi", "stop": 5}, 400, "stop", "'stop'"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n", "not supported"),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}, 404, "model", "'gpt-9' does not exist"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", "'messages' is required"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages[0].role", "role"),
+    ("/v1/nowhere", {"prompt": "hi"}, 404, None, "no route POST /v1/nowhere"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, param, words", BAD, ids=[f"{b[0]}:{str(b[1])[:30]}" for b in BAD])
+def test_bad_input_is_a_4xx_naming_the_field_and_the_server_goes_on(live, path, body, status, param, words):
+    send = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{live.url}{path}", timeout=10, **send)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    assert error["type"] == "invalid_request_error" and "Traceback" not in r.text
+    good = live.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=2, temperature=0)
+    assert good.usage.completion_tokens == 2
+
+
+def test_a_wrong_method_is_405_in_the_same_shape(live):
+    r = httpx.get(f"{live.url}/v1/completions", timeout=10)
+    assert r.status_code == 405 and "GET /v1/completions" in r.json()["error"]["message"]
+
+
+def test_an_api_key_is_required_when_set(checkpoint):
+    model, tokenizer = minillm.load(checkpoint)
+    engine = make_engine(model)
+    app = create_app(engine, NAME, tokenizer, api_key="s3cret")
+    with LiveServer(app, engine) as url:
+        body = {"prompt": "hi", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=10)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0, timeout=30)
+        assert client.completions.create(model=NAME, prompt="hi", max_tokens=2).usage.completion_tokens == 2
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200  # probes need no key
+
+
+def test_sigterm_with_requests_in_flight_exits_0_within_the_bound(checkpoint):
+    command = [sys.executable, "-m", "minillm", "serve", "--model", str(checkpoint), "--port", "0"]
+    command += ["--shutdown-timeout", "0.5", "--threads", "1"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(60)
+        assert line and "http://" in line[0], proc.stderr.read() if proc.poll() is not None else "no URL printed"
+        url = "http://" + line[0].split("http://")[1].split()[0]
+        started, ended = threading.Barrier(5, timeout=60), []
+
+        def stream_one():
+            body = {"prompt": "x", "max_tokens": 470, "stream": True, "temperature": 0}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+                lines = r.iter_lines()
+                next(lines)
+                started.wait()
+                ended.append([line for line in lines if line])
+
+        clients = [threading.Thread(target=stream_one, daemon=True) for _ in range(4)]
+        for c in clients:
+            c.start()
+        started.wait()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, proc.stderr.read()
+        assert time.monotonic() - t0 < 8
+        for c in clients:
+            c.join(10)
+        assert len(ended) == 4  # every stream ended with its last chunk (aborted) and [DONE], none cut
+        for events in ended:
+            assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "abort"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=20)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_serve_without_the_extra_says_what_to_install(checkpoint, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # makes `import fastapi` fail
+    status, _, err = run_main(["serve", "--model", str(checkpoint)], capsys)
+    assert_one_line_error(status, err, "pip install 'minillm[serve]'", "fastapi")
+
+
+def test_serve_options_are_checked_before_loading(capsys):
+    status, _, err = run_main(["serve", "--port", "70000"], capsys)
+    assert_one_line_error(status, err, "port must be an integer in [0, 65535]")
+    status, _, err = run_main(["serve", "--max-batch", "0"], capsys)
+    assert_one_line_error(status, err, "max_batch must be a positive integer")
+
+
+def test_sse_lines_are_data_events_ending_with_done(live):
+    body = {"prompt": PROMPT, "max_tokens": 3, "stream": True, "temperature": 0}
+    text = httpx.post(f"{live.url}/v1/completions", json=body, timeout=10).text
+    events = [e for e in text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_accepted_connections_send_small_chunks_at_once():
+    """TCP_NODELAY on every accepted connection (asyncio sets it only for sockets made with
+    IPPROTO_TCP): without it each streamed chunk waits ~40 ms for the client's delayed ACK."""
+    import socket
+
+    from minillm.serving.http import bind
+
+    async def main():
+        flags = []
+
+        async def accepted(reader, writer):
+            flags.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        sock = bind("127.0.0.1", 0)
+        server = await asyncio.start_server(accepted, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection(*sock.getsockname())
+            for _ in range(100):
+                if flags:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+        return flags
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [1]

@@ -1,0 +1,90 @@
+"""The OpenAI protocol without HTTP: stop strings cut the text exactly where they begin, even
+across tokens; chat templates render as Hugging Face renders them; a checkpoint's template
+survives saving and loading; and a body becomes the engine request it says."""
+
+import pytest
+
+import minillm
+from minillm.serving.openai_api import APIError, ModelInfo, TextStream, parse_job, render_chat
+from tests.serving.conftest import CHAT_TEMPLATE
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint):
+    return minillm.load(checkpoint)[1]
+
+
+@pytest.fixture(scope="module")
+def info(tokenizer) -> ModelInfo:
+    return ModelInfo("tiny-serve", tokenizer, tokenizer.vocab_size, 64, (0,))
+
+
+def stream_text(tokenizer, text: str, stop: tuple[str, ...]) -> tuple[list[str], TextStream]:
+    s = TextStream(tokenizer, stop)
+    pieces = []
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        pieces.append(s.push(token))
+        if s.stopped:
+            break
+    pieces.append(s.finish())
+    return pieces, s
+
+
+@pytest.mark.parametrize(
+    "stop, expected",
+    [
+        ((), "def add(a, b):\n    return a + b\n"),
+        (("return",), "def add(a, b):\n    "),
+        (("(a", "b):"), "def add"),  # the earliest of several
+        (("a + b\n",), "def add(a, b):\n    return "),
+        (("nowhere",), "def add(a, b):\n    return a + b\n"),
+    ],
+)
+def test_stop_strings_cut_the_text_where_they_begin(tokenizer, stop, expected):
+    pieces, s = stream_text(tokenizer, "def add(a, b):\n    return a + b\n", stop)
+    assert "".join(pieces) == expected
+    assert s.stopped == (expected != "def add(a, b):\n    return a + b\n")
+
+
+def test_text_that_may_start_a_stop_string_is_held_back(tokenizer):
+    s = TextStream(tokenizer, ("STOP",))
+    out = "".join(s.push(t) for t in tokenizer.encode("abc ST", add_special_tokens=False))
+    assert out == "abc"  # " ST" may be the start of "STOP": held back
+    assert out + s.finish() == "abc ST"
+
+
+def test_the_chat_template_is_saved_loaded_and_rendered(tokenizer):
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    text = render_chat(tokenizer, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])
+    assert text == "<|endoftext|><|system|>Be brief.\n<|user|>hi\n<|assistant|>"
+
+
+def test_a_body_becomes_the_request_it_says(info, tokenizer):
+    body = {"prompt": "def add", "max_tokens": 5, "temperature": 0.5, "top_k": 3, "seed": 7, "stop": "x"}
+    job = parse_job(body, info, chat=False)
+    r = job.request
+    assert r.prompt == tokenizer.encode("def add") and r.max_tokens == 5 and r.stop_ids == (0,)
+    assert (r.params.temperature, r.params.top_k, r.params.top_p, r.params.seed) == (0.5, 3, None, 7)
+    assert job.stop == ("x",) and not job.stream and not job.chat
+    ids = parse_job({"prompt": [[3, 4, 5]], "ignore_eos": True}, info, chat=False).request
+    assert ids.prompt == [3, 4, 5] and ids.max_tokens == 16 and ids.stop_ids == ()  # OpenAI's default length
+    chat = parse_job({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, info, True)
+    assert chat.request.max_tokens == 64 - len(chat.request.prompt)  # the rest of the context
+    assert chat.id.startswith("chatcmpl-")
+    small_pool = ModelInfo("tiny-serve", tokenizer, tokenizer.vocab_size, 64, (0,), kv_pool_tokens=40)
+    chat = parse_job({"messages": [{"role": "user", "content": "hi"}]}, small_pool, True)
+    assert chat.request.max_tokens == 40 - len(chat.request.prompt)  # what the KV pool can hold
+
+
+def test_a_checkpoint_without_a_chat_template_says_so(info):
+    bare = ModelInfo("bare", minillm.Tokenizer(info.tokenizer._tok), info.vocab_size, 64, ())
+    with pytest.raises(APIError, match="has no chat template") as e:
+        parse_job({"messages": [{"role": "user", "content": "hi"}]}, bare, chat=True)
+    assert (e.value.status, e.value.param, e.value.code) == (400, "messages", "no_chat_template")
+
+
+def test_a_template_error_is_a_400_on_messages(info, tokenizer):
+    strict = minillm.Tokenizer(tokenizer._tok, chat_template="{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(APIError, match="roles must alternate") as e:
+        parse_job({"messages": [{"role": "user", "content": "hi"}]}, ModelInfo("s", strict, 300, 64, ()), chat=True)
+    assert e.value.param == "messages"
