@@ -33,7 +33,7 @@ def test_every_data_file_is_package_data():
 def test_the_book_extra_brings_what_notebooks_import():
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["book"]
     names = {e.split(">")[0].split(";")[0].split("=")[0].strip() for e in extra}
-    assert {"matplotlib", "ipywidgets", "pyyaml", "triton"} <= names
+    assert {"matplotlib", "ipywidgets", "pyyaml", "triton", "minillm[serve]", "openai", "httpx"} <= names
 
 
 def test_the_results_store_is_in_the_package_and_can_be_moved(tmp_path, monkeypatch):

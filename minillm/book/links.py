@@ -17,7 +17,8 @@ BADGE = re.compile(
     r"\[!\[Open in Colab\]\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)\]"
     r"\(https://colab\.research\.google\.com/github/[^)\s]*\)"
 )
-INSTALL = re.compile(r"minillm @ git\+https://github\.com/[^\"'\s]*")
+INSTALL = re.compile(r"minillm(?:\[[\w,]*\])? @ git\+https://github\.com/[^\"'\s]*")
+INSTALL_SPEC = "minillm[book]"  # the chapters' extra: what notebooks import besides minillm
 
 
 def repository(config: Path = Path("_config.yml")) -> tuple[str, str]:
@@ -41,7 +42,7 @@ def sync_links(nb: dict, badge_path: str, repo: str, branch: str) -> dict:
     for cell in nb["cells"]:
         src = cell_source(cell)
         src = BADGE.sub(lambda _: colab_badge(repo, branch, badge_path), src)
-        cell["source"] = INSTALL.sub(f"minillm @ git+https://github.com/{repo}@{branch}", src)
+        cell["source"] = INSTALL.sub(f"{INSTALL_SPEC} @ git+https://github.com/{repo}@{branch}", src)
     return nb
 
 

@@ -123,7 +123,7 @@ def test_the_book_can_be_pointed_at_any_repository(tmp_path):
             assert links.PLACEHOLDER not in text, path.name
             badge = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{badge_folder}/{path.name}"
             assert badge in text, path.name
-            assert f"minillm @ git+https://github.com/{repo}@{branch}" in text, path.name
+            assert f"minillm[book] @ git+https://github.com/{repo}@{branch}" in text, path.name
             if folder == "chapters":
                 assert f"https://github.com/{repo}/blob/{branch}/minillm/" in text, path.name
     assert links.placeholder_warning(tmp_path) is None and links.placeholder_warning(ROOT)
