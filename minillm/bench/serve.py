@@ -22,6 +22,7 @@ back. Requests ask for ``ignore_eos``, so every answer has exactly the workload'
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
 import queue
@@ -224,7 +225,18 @@ def run_workload(url: str, model: str, requests: Sequence[Request], bar: tqdm) -
         import httpx  # noqa: F401
     except ImportError as e:
         raise ImportError(HTTPX) from e
-    return asyncio.run(stream_all(url, model, requests, bar))
+    return run_coroutine(stream_all(url, model, requests, bar))
+
+
+def run_coroutine(coroutine):
+    """``asyncio.run``, also from inside a running event loop (a notebook's): there the coroutine
+    runs in a loop of its own on a worker thread, and this call waits for it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,13 +3,14 @@ same requests. Every request's client-side TTFT includes the engine's (the clien
 hears last); the figures carry where they were measured; the printed table fits 88 columns; the
 command starts and stops its own server."""
 
+import asyncio
 import json
 
 import pytest
 from tqdm.auto import tqdm
 
 import minillm
-from minillm.bench.serve import ServeBench, bench_serve, curve_rows, format_serve, run_workload, workload
+from minillm.bench.serve import ServeBench, bench_serve, curve_rows, format_serve, run_coroutine, run_workload, workload
 from minillm.serving.http import create_app
 from tests.serving.conftest import LiveServer, make_engine, save_tiny_checkpoint
 from tests.test_cli import assert_one_line_error, run_main
@@ -93,3 +94,16 @@ def test_a_bad_rate_on_the_command_line_is_one_line(capsys):
     status, out, err = run_main(["bench", "serve", "--rate", "-1", "--no-save"], capsys)
     assert_one_line_error(status, err, "rates must be positive")
     assert out == ""
+
+
+def test_run_coroutine_works_inside_a_running_event_loop():
+    """A notebook's cell runs inside an event loop, where asyncio.run refuses to start."""
+
+    async def answer():
+        return 42
+
+    async def cell():
+        return run_coroutine(answer())
+
+    assert run_coroutine(answer()) == 42
+    assert asyncio.run(cell()) == 42
