@@ -236,11 +236,7 @@ class AsyncEngine:
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return []  # finished already, or never added
-        scheduler = self.engine.scheduler
-        for seq in [*scheduler.running, *scheduler.waiting]:
-            if seq.id == request_id:
-                scheduler.abort(seq)
-        self.engine.outputs.pop(request_id, None)
+        self.engine.abort(request_id)
         return [(stream, TokenDelta(finish_reason=reason, error=error))]
 
     def _end_all(self, reason: str, error: str) -> None:

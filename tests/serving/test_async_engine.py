@@ -86,6 +86,7 @@ def test_abort_frees_the_blocks_at_once_and_the_engine_serves_the_next():
         assert deltas[-1].finish_reason == "abort"
         assert sum(len(d.tokens) for d in deltas) < 400
         assert engine.stats["kv_blocks_used"] == 0 and engine.stats["running"] == 0
+        assert engine.engine._generators == {} and not engine.engine.unfinished  # nothing of it is kept
         engine.stream_timeout = TIMEOUT
         again = engine.add_request(Request(prompt(5, 3), 4))
         assert [t for d in again for t in d.tokens] == alone(prompt(5, 3), 4)
