@@ -365,9 +365,10 @@ class Piece:
     error: str | None = None
 
 
-async def answer(job: Job, stream: RequestStream, abort: Callable[[int], None], tokenizer: Tokenizer):
-    """The answer to ``job`` as ``Piece``s, from its engine stream. A stop string ends it (and
-    aborts the request, freeing its blocks); so does leaving early: a client that goes away."""
+async def answer(job: Job, stream: RequestStream, abort: Callable[[int, str], None], tokenizer: Tokenizer):
+    """The answer to ``job`` as ``Piece``s, from its engine stream. A stop string ends it (the
+    request is ended with reason "stop", its blocks freed: a normal finish in /metrics); leaving
+    early, a client that goes away, aborts it."""
     text = TextStream(tokenizer, job.stop)
     done = False
     try:
@@ -386,5 +387,5 @@ async def answer(job: Job, stream: RequestStream, abort: Callable[[int], None], 
             if done:
                 return
     finally:
-        if not done or text.stopped:
-            abort(stream.id)  # no-op for a request the engine has finished already
+        if not done or text.stopped:  # a no-op for a request the engine has finished already
+            abort(stream.id, "stop" if text.stopped else "abort")

@@ -28,6 +28,8 @@ NAME = "tiny-serve"
 POOL_BLOCKS = 30  # 480 tokens: less than the context (512), so a request can fit one and not the other
 REPO = Path(__file__).resolve().parents[2]
 ABORTED = 'minillm_requests_finished_total{reason="abort"}'
+STOPPED = 'minillm_requests_finished_total{reason="stop"}'
+E2E_COUNT = "minillm_e2e_request_latency_seconds_count"
 
 
 class Live:
@@ -44,6 +46,14 @@ class Live:
         if found is None and missing is not None:
             return missing
         return float(found.group(1))
+
+    def wait_for(self, name: str, value: float, timeout: float = 10.0) -> None:
+        """Until the metric ``name`` reaches ``value`` (histograms are observed just after a step's
+        state is published)."""
+        deadline = time.monotonic() + timeout
+        while self.metric(name, missing=0.0) < value:
+            assert time.monotonic() < deadline, f"{name} stayed below {value}"
+            time.sleep(0.02)
 
     def wait_until_idle(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -100,9 +110,12 @@ def test_streamed_completion_equals_generate(live):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_stop_strings_stop(live, stream):
+    """The request ends when its stop string comes (long before max_tokens), its blocks freed, and
+    /metrics counts it as finished by a stop, with its end-to-end latency, not as an abort."""
     full = live.tokenizer.decode(live.greedy(live.tokenizer.encode(PROMPT), 40))
     stop = full[len(full) // 2 : len(full) // 2 + 3]
-    kwargs = dict(model=NAME, prompt=PROMPT, max_tokens=40, temperature=0, stop=[stop])
+    before = {name: live.metric(name, missing=0.0) for name in (ABORTED, STOPPED, E2E_COUNT)}
+    kwargs = dict(model=NAME, prompt=PROMPT, max_tokens=300, temperature=0, stop=[stop])
     if stream:
         chunks = [c for c in live.client.completions.create(stream=True, **kwargs) if c.choices]
         text, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
@@ -110,7 +123,9 @@ def test_stop_strings_stop(live, stream):
         choice = live.client.completions.create(**kwargs).choices[0]
         text, reason = choice.text, choice.finish_reason
     assert text == full[: full.index(stop)] and reason == "stop"
-    live.wait_until_idle()  # the request was aborted when its stop string came
+    live.wait_until_idle()  # the request was ended when its stop string came
+    live.wait_for(E2E_COUNT, before[E2E_COUNT] + 1)
+    assert live.metric(STOPPED) == before[STOPPED] + 1 and live.metric(ABORTED, missing=0.0) == before[ABORTED]
 
 
 def test_chat_completion_renders_the_template(live):
