@@ -131,6 +131,22 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
     info = model_info(name, tokenizer, engine.engine)
     metrics = ServerMetrics(engine)
 
+    class EngineStreamingResponse(StreamingResponse):
+        """The events of one engine request. However the response ends (answered, the client gone
+        before it started or while it ran, the server stopping), the request ends with it."""
+
+        def __init__(self, events, request_id: int):
+            super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            self.request_id = request_id
+
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                engine.abort(self.request_id)  # a no-op once the request has finished
+                with contextlib.suppress(RuntimeError):  # the events' generator, closed now, not when collected
+                    await self.body_iterator.aclose()
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if not engine.running:
@@ -160,8 +176,7 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
             raise APIError(503, str(e), code="shutting_down") from None
         pieces = answer(job, stream, engine.abort, tokenizer)
         if job.stream:
-            events = sse_events(job, info.name, pieces)
-            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return EngineStreamingResponse(sse_events(job, info.name, pieces), stream.id)
         collecting = asyncio.ensure_future(collect(job, info.name, pieces))
         gone = asyncio.ensure_future(disconnected(request))
         try:
@@ -241,15 +256,17 @@ async def disconnected(request) -> None:
 
 
 async def collect(job, model: str, pieces) -> dict:
-    """A whole answer, for a request that is not streamed; an engine error is a 500."""
+    """A whole answer, for a request that is not streamed; an engine error is a 500. However it
+    ends, ``pieces`` is closed (which ends the request)."""
     text, ids, times, reason = [], [], [], None
-    async for piece in pieces:
-        if piece.error is not None:
-            raise APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
-        text.append(piece.text)
-        ids += piece.token_ids
-        times += piece.times
-        reason = piece.finish_reason
+    async with contextlib.aclosing(pieces):
+        async for piece in pieces:
+            if piece.error is not None:
+                raise APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
+            text.append(piece.text)
+            ids += piece.token_ids
+            times += piece.times
+            reason = piece.finish_reason
     body = response_json(job, model, "".join(text), ids, reason)
     if job.return_engine_timing:
         body["engine_timing"] = engine_timing(job.request, times)
@@ -262,23 +279,26 @@ def event(data: dict | str) -> str:
 
 async def sse_events(job, model: str, pieces):
     """Server-sent events: one chunk per step that adds text (every step with return_token_ids),
-    the finish reason on the last, the usage when asked for, then ``data: [DONE]``."""
-    if job.chat:
-        yield event(role_chunk_json(job, model))
-    n, times = 0, []
-    async for piece in pieces:
-        if piece.error is not None:
-            yield event(APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error").body())
-            break
-        n, times = n + len(piece.token_ids), times + piece.times
-        if piece.text or piece.finish_reason or (job.return_token_ids and piece.token_ids):
-            chunk = chunk_json(job, model, piece.text, piece.token_ids, piece.finish_reason)
-            if piece.finish_reason and job.return_engine_timing:
-                chunk["engine_timing"] = engine_timing(job.request, times)
-            yield event(chunk)
-    if job.include_usage:
-        yield event(usage_chunk_json(job, model, n))
-    yield event("[DONE]")
+    the finish reason on the last, the usage when asked for, then ``data: [DONE]``. Closed early
+    (the client gone), it closes ``pieces``, which ends the request."""
+    async with contextlib.aclosing(pieces):
+        if job.chat:
+            yield event(role_chunk_json(job, model))
+        n, times = 0, []
+        async for piece in pieces:
+            if piece.error is not None:
+                failed = APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
+                yield event(failed.body())
+                break
+            n, times = n + len(piece.token_ids), times + piece.times
+            if piece.text or piece.finish_reason or (job.return_token_ids and piece.token_ids):
+                chunk = chunk_json(job, model, piece.text, piece.token_ids, piece.finish_reason)
+                if piece.finish_reason and job.return_engine_timing:
+                    chunk["engine_timing"] = engine_timing(job.request, times)
+                yield event(chunk)
+        if job.include_usage:
+            yield event(usage_chunk_json(job, model, n))
+        yield event("[DONE]")
 
 
 # ---------------------------------------------------------------------------------------------

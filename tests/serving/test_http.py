@@ -5,6 +5,7 @@ blocks; every bad input is a 4xx naming the field and the server goes on; an API
 enforced; SIGTERM with requests in flight exits 0 within its bound."""
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -18,8 +19,9 @@ import httpx
 import pytest
 
 import minillm
-from minillm.serving.http import create_app
-from minillm.serving.openai_api import render_chat
+from minillm.serving.http import collect, create_app, sse_events
+from minillm.serving.openai_api import APIError, Job, Piece, render_chat
+from minillm.serving.workload import Request
 from tests.serving.conftest import LiveServer, make_engine
 from tests.test_cli import assert_one_line_error, run_main
 
@@ -219,6 +221,76 @@ def test_a_client_that_goes_away_before_a_whole_answer_frees_its_blocks_too(live
             time.sleep(0.005)
     live.wait_until_idle()
     assert live.metric(ABORTED) == aborted + 1
+
+
+def test_a_client_gone_before_its_stream_starts_aborts_the_request(checkpoint):
+    """The request is in the engine before the response starts: a client that left in between
+    (the response's first send fails) must not leave it running to its max_tokens."""
+    model, tokenizer = minillm.load(checkpoint)
+    engine = make_engine(model).start()
+    app = create_app(engine, NAME, tokenizer)
+    body = json.dumps({"prompt": "x", "max_tokens": 400, "stream": True, "temperature": 0}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"127.0.0.1")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        raise OSError("the client is gone")
+
+    try:
+        with contextlib.suppress(Exception):  # the app reports the failed send; the request is what matters
+            asyncio.run(asyncio.wait_for(app(scope, receive, send), 30))
+        deadline = time.monotonic() + 30
+        while engine.stats["running"] or engine.stats["waiting"] or engine.stats["kv_blocks_used"]:
+            assert time.monotonic() < deadline, "the request kept running"
+            time.sleep(0.01)
+        assert engine.stats.get("finished_abort") == 1 and engine.stats["generated_tokens"] < 400
+    finally:
+        assert engine.shutdown(30)
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_events_or_a_collected_answer_ended_early_close_the_answer(chat):
+    """Closing the events at any yield, or an engine error while collecting, closes the answer's
+    pieces (whose end aborts the request) at once, not whenever the generator is collected."""
+    closed = []
+
+    async def pieces(error: str | None = None):
+        try:
+            yield Piece("a", [1], [0.0], error=error)
+            yield Piece("b", [2], [0.0])
+        finally:
+            closed.append(True)
+
+    job = Job(Request([1, 2], 5), chat=chat, stream=True)
+
+    async def main():
+        answer = pieces()
+        events = sse_events(job, NAME, answer)
+        assert (await anext(events)).startswith("data: ")  # a chat's first event comes before any piece
+        await events.aclose()
+        assert answer.ag_frame is None, "the answer was left open"
+        answer = pieces(error="boom")
+        with pytest.raises(APIError, match="boom"):
+            await collect(job, NAME, answer)
+        assert answer.ag_frame is None and closed[-1]
+
+    asyncio.run(asyncio.wait_for(main(), 10))
 
 
 BAD = [
