@@ -180,18 +180,23 @@ def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise APIError(400, f"'messages[{i}]' needs a 'role', one of {list(ROLES)}", f"messages[{i}].role")
-        if not isinstance(m.get("content"), (str, list)):
-            raise APIError(400, f"'messages[{i}].content' must be a string", f"messages[{i}].content")
+        content = m.get("content")  # a string or text parts: a text model refuses images rather than drop them
+        if not isinstance(content, str) and not (isinstance(content, list) and all(map(_is_text_part, content))):
+            param = f"messages[{i}].content"
+            what = "a string or a list of text parts, each {'type': 'text', 'text': <string>}"
+            raise APIError(400, f"'{param}' must be {what}, got {content!r:.80}", param)
     text = render_chat(model.tokenizer, [{"role": m["role"], "content": message_text(m)} for m in messages])
     return model.tokenizer.encode(text, add_special_tokens=False)
 
 
+def _is_text_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
 def message_text(message: dict) -> str:
-    """A message's content as text: a string, or the text parts of a list of parts."""
+    """A message's content as text: a string, or its text parts joined."""
     content = message["content"]
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content if isinstance(content, str) else "".join(part["text"] for part in content)
 
 
 def render_chat(tokenizer: Tokenizer, messages: list[dict]) -> str:
@@ -232,17 +237,20 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
         if body.get(key) is not None and body[key] not in accepted:
             raise APIError(400, f"'{key}' is not supported by this server (only its default {accepted[0]!r})", key)
     ids = _chat_ids(body, model) if chat else _prompt_ids(body, model)
-    room = model.max_seq_len - len(ids)
+    room, field_name = model.max_seq_len - len(ids), "messages" if chat else "prompt"
     if room < 1:
-        field_name = "messages" if chat else "prompt"
         raise APIError(
             400,
             f"'{field_name}' is {len(ids)} tokens: no room left in the context of {model.max_seq_len}",
             field_name,
             "context_length_exceeded",
         )
+    pool = model.kv_pool_tokens
+    if pool is not None and len(ids) >= pool:  # not even one output token fits: the prompt is what is too large
+        message = f"'{field_name}' is {len(ids)} tokens: the KV pool holds {pool} tokens, prompt and answer together"
+        raise APIError(400, message, field_name, "request_too_large")
     limit = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    fits = room if model.kv_pool_tokens is None else max(1, min(room, model.kv_pool_tokens - len(ids)))
+    fits = room if pool is None else min(room, pool - len(ids))
     max_tokens = _get(body, limit, (int,), fits if chat else DEFAULT_MAX_TOKENS, "a positive integer")
     if max_tokens < 1:
         raise APIError(400, f"'{limit}' must be a positive integer, got {max_tokens}", limit)
@@ -259,13 +267,13 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
     options = _get(body, "stream_options", (dict,), {}, "an object")
     request = Request(ids, max_tokens, params=_sampling(body), stop_ids=() if ignore_eos else model.eos_ids)
     return Job(
-        request,
-        chat,
-        stream,
-        _stop(body),
-        bool(options.get("include_usage")) and stream,
-        _get(body, "return_token_ids", (bool,), False, "true or false"),
-        _get(body, "return_engine_timing", (bool,), False, "true or false"),
+        request=request,
+        chat=chat,
+        stream=stream,
+        stop=_stop(body),
+        include_usage=bool(options.get("include_usage")) and stream,
+        return_token_ids=_get(body, "return_token_ids", (bool,), False, "true or false"),
+        return_engine_timing=_get(body, "return_engine_timing", (bool,), False, "true or false"),
         id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
     )
 

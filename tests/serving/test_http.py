@@ -317,6 +317,14 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}, 404, "model", "'gpt-9' does not exist"),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", "'messages' is required"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages[0].role", "role"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        400,
+        "messages[0].content",
+        "list of text parts",
+    ),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi " * 160}]}, 400, "messages", "KV pool"),
     ("/v1/nowhere", {"prompt": "hi"}, 404, None, "no route POST /v1/nowhere"),
 ]
 

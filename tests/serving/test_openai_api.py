@@ -88,3 +88,25 @@ def test_a_template_error_is_a_400_on_messages(info, tokenizer):
     with pytest.raises(APIError, match="roles must alternate") as e:
         parse_job({"messages": [{"role": "user", "content": "hi"}]}, ModelInfo("s", strict, 300, 64, ()), chat=True)
     assert e.value.param == "messages"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [5, None, [{"type": "text", "text": 5}], ["hi"], [{"type": "text"}], [{"type": "image_url", "image_url": {}}]],
+)
+def test_a_bad_content_part_is_a_400_on_that_message(info, content):
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]}
+    with pytest.raises(APIError, match="must be a string or a list of text parts") as e:
+        parse_job(body, info, chat=True)
+    assert (e.value.status, e.value.param) == (400, "messages[1].content")
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
+def test_a_prompt_larger_than_the_kv_pool_names_the_prompt_not_max_tokens(tokenizer, chat):
+    """The client sent no max_tokens: the error must name what it did send."""
+    small_pool = ModelInfo("tiny-serve", tokenizer, tokenizer.vocab_size, 512, (0,), kv_pool_tokens=20)
+    text = "def add(a, b): return a + b " * 4
+    body = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
+    with pytest.raises(APIError, match="the KV pool holds 20 tokens") as e:
+        parse_job(body, small_pool, chat)
+    assert (e.value.status, e.value.param, e.value.code) == (400, "messages" if chat else "prompt", "request_too_large")
