@@ -154,7 +154,7 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
         yield
         await asyncio.to_thread(engine.shutdown)
 
-    def authorize(request: HTTPRequest) -> None:
+    async def authorize(request: HTTPRequest) -> None:  # async: a plain def would run in a thread pool, per request
         if api_key is None:
             return
         given = request.headers.get("authorization", "")
@@ -224,7 +224,8 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
 
     @app.exception_handler(APIError)
     async def api_error(request: HTTPRequest, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None  # what a 401 must say (RFC 9110)
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: HTTPRequest, e: HTTPException):

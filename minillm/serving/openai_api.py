@@ -51,9 +51,7 @@ class APIError(Exception):
 
     @property
     def type(self) -> str:
-        if self.status == 401:
-            return "authentication_error"
-        return "invalid_request_error" if self.status < 500 else "server_error"
+        return "invalid_request_error" if self.status < 500 else "server_error"  # a 401 too, as OpenAI's
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

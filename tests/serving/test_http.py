@@ -346,15 +346,28 @@ def test_a_wrong_method_is_405_in_the_same_shape(live):
     assert r.status_code == 405 and "GET /v1/completions" in r.json()["error"]["message"]
 
 
-def test_an_api_key_is_required_when_set(checkpoint):
+def test_an_api_key_is_required_when_set(checkpoint, monkeypatch):
+    import anyio.to_thread
+
+    hops, run_sync = [], anyio.to_thread.run_sync  # how Starlette runs a plain def: in a worker thread
+
+    async def counted(func, *args, **kwargs):
+        hops.append(func)
+        return await run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
     model, tokenizer = minillm.load(checkpoint)
     engine = make_engine(model)
     app = create_app(engine, NAME, tokenizer, api_key="s3cret")
     with LiveServer(app, engine) as url:
+        r = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer s3cret"}, timeout=10)
+        assert r.status_code == 200 and hops == [], "the key check must not cost each request a thread hop"
         body = {"prompt": "hi", "max_tokens": 2}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=10)
-            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            error = r.json()["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")  # as OpenAI's
         assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0, timeout=30)
         assert client.completions.create(model=NAME, prompt="hi", max_tokens=2).usage.completion_tokens == 2
