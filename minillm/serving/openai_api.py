@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.prompts import check_vocabulary, token_rows
 from ..core.sampling import SamplingParams
-from ..core.tokenizer import StreamDecoder, Tokenizer
+from ..core.tokenizer import TextStream, Tokenizer
 from .async_engine import RequestStream
 from .workload import Request
 
@@ -278,35 +278,6 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
 
 # ---------------------------------------------------------------------------------------------
 # Text out
-
-
-class TextStream:
-    """Token ids in, text out, cut at the first stop string. Text that could still become the
-    start of a stop string is held back until it cannot (or the answer ends)."""
-
-    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = ()):
-        self.decoder = StreamDecoder(tokenizer)
-        self.stop, self.holdback = stop, max((len(s) for s in stop), default=1) - 1
-        self.text, self.sent, self.stopped = "", 0, False
-
-    def push(self, token: int) -> str:
-        self.text += self.decoder.push(token)
-        return self._release(final=False)
-
-    def finish(self) -> str:
-        self.text += self.decoder.flush()
-        return self._release(final=True)
-
-    def _release(self, final: bool) -> str:
-        if self.stopped:
-            return ""
-        hits = [i for i in (self.text.find(s, self.sent) for s in self.stop) if i >= 0]
-        if hits:
-            self.stopped, end = True, min(hits)
-        else:
-            end = len(self.text) if final else max(self.sent, len(self.text) - self.holdback)
-        piece, self.sent = self.text[self.sent : end], end
-        return piece
 
 
 def usage(job: Job, completion_tokens: int) -> dict:
