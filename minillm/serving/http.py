@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.checkpoints import load
+from ..core.config import check_field_types
 from ..core.device import hardware_description, threads_label
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig, RequestTooLargeError
@@ -85,10 +86,7 @@ class ServerOptions:
             raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string or None")
-        for name in ("max_batch", "num_blocks", "block_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_field_types(self, ints=("max_batch", "num_blocks", "block_size"))
         t = self.shutdown_timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"shutdown_timeout must be a finite number of seconds >= 0, got {t!r}")
