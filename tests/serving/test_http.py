@@ -6,11 +6,13 @@ enforced; SIGTERM with requests in flight exits 0 within its bound."""
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ import httpx
 import pytest
 
 import minillm
+from minillm.bench.serve import _last_line, _server_url
 from minillm.serving.http import collect, create_app, sse_events
 from minillm.serving.openai_api import APIError, Job, Piece, render_chat
 from minillm.serving.workload import Request
@@ -196,8 +199,9 @@ def test_a_client_that_goes_away_frees_its_blocks(live):
     aborted = live.metric(ABORTED, missing=0.0)
     body = {"model": NAME, "prompt": "x", "max_tokens": 470, "temperature": 0, "stream": True}
     with httpx.Client(timeout=30) as client, client.stream("POST", f"{live.url}/v1/completions", json=body) as r:
-        lines = r.iter_lines()
-        assert [next(lines) for _ in range(3)][0].startswith("data: ")
+        lines = r.iter_lines()  # kept: a line iterator collected closes the response, and the client is gone
+        events = [line for line in itertools.islice(lines, 6) if line]  # each event: its line, then a blank one
+        assert len(events) == 3 and all(e.startswith("data: ") for e in events), events
         assert live.metric("minillm_kv_blocks_used") > 0
     live.wait_until_idle()
     assert live.metric(ABORTED) == aborted + 1
@@ -377,43 +381,39 @@ def test_an_api_key_is_required_when_set(checkpoint, monkeypatch):
 def test_sigterm_with_requests_in_flight_exits_0_within_the_bound(checkpoint):
     command = [sys.executable, "-m", "minillm", "serve", "--model", str(checkpoint), "--port", "0"]
     command += ["--shutdown-timeout", "0.5", "--threads", "1"]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = []
-        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(60)
-        assert line and "http://" in line[0], proc.stderr.read() if proc.poll() is not None else "no URL printed"
-        url = "http://" + line[0].split("http://")[1].split()[0]
-        started, ended = threading.Barrier(5, timeout=60), []
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe nobody reads: a chatty server never blocks on it
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            url = _server_url(proc, 60, log)
+            started, ended = threading.Barrier(5, timeout=60), []
 
-        def stream_one():
-            body = {"prompt": "x", "max_tokens": 470, "stream": True, "temperature": 0}
-            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
-                lines = r.iter_lines()
-                next(lines)
-                started.wait()
-                ended.append([line for line in lines if line])
+            def stream_one():
+                body = {"prompt": "x", "max_tokens": 470, "stream": True, "temperature": 0}
+                with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+                    lines = r.iter_lines()
+                    next(lines)
+                    started.wait()
+                    ended.append([line for line in lines if line])
 
-        clients = [threading.Thread(target=stream_one, daemon=True) for _ in range(4)]
-        for c in clients:
-            c.start()
-        started.wait()
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0, proc.stderr.read()
-        assert time.monotonic() - t0 < 8
-        for c in clients:
-            c.join(10)
-        assert len(ended) == 4  # every stream ended with its last chunk (aborted) and [DONE], none cut
-        for events in ended:
-            assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "abort"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=20)
-        proc.stdout.close()
-        proc.stderr.close()
+            clients = [threading.Thread(target=stream_one, daemon=True) for _ in range(4)]
+            for c in clients:
+                c.start()
+            started.wait()
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0, _last_line(log)
+            assert time.monotonic() - t0 < 8
+            for c in clients:
+                c.join(10)
+            assert len(ended) == 4  # every stream ended with its last chunk (aborted) and [DONE], none cut
+            for events in ended:
+                assert events[-1] == "data: [DONE]"
+                assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "abort"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=20)
+            proc.stdout.close()
 
 
 def test_serve_without_the_extra_says_what_to_install(checkpoint, capsys, monkeypatch):
