@@ -227,6 +227,22 @@ def test_a_client_that_goes_away_before_a_whole_answer_frees_its_blocks_too(live
     assert live.metric(ABORTED) == aborted + 1
 
 
+def test_a_request_when_the_engine_is_not_running_is_a_503(checkpoint):
+    """Shut down (or its loop gone): the engine refuses the request, the client gets an OpenAI
+    error object with a 503, never a request left waiting."""
+    model, tokenizer = minillm.load(checkpoint)
+    engine = make_engine(model)  # never started: what add_request sees once the loop has closed
+    app = create_app(engine, NAME, tokenizer)
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test", timeout=10) as c:
+            return await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+
+    r = asyncio.run(asyncio.wait_for(main(), 10))
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+    assert r.json()["error"]["type"] == "server_error"
+
+
 def test_a_client_gone_before_its_stream_starts_aborts_the_request(checkpoint):
     """The request is in the engine before the response starts: a client that left in between
     (the response's first send fails) must not leave it running to its max_tokens."""
