@@ -25,7 +25,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from ..core.config import ModelConfig
+from ..core.config import ModelConfig, check_field_types
 from ..core.model import Transformer
 from ..kv.paged import blocks_for
 from ..measure.metrics import SLO, percentiles
@@ -39,17 +39,6 @@ from .timing import interleaved
 
 WASTE_SAMPLE = 20_000  # sequence lengths drawn for the memory-waste figures
 SIGMA = 0.8  # log-space spread of the workload's prompt and output lengths
-
-
-def _require_positive(options, names: Sequence[str], integer: bool) -> None:
-    """ValueError naming the first field of ``names`` that is not a positive number (an integer, if asked)."""
-    for name in names:
-        value = getattr(options, name)
-        number = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, number):
-            raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be positive, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -69,12 +58,14 @@ class BatchingBench:
     progress: bool = False  # a progress bar during the measured runs
 
     def __post_init__(self) -> None:
-        _require_positive(self, ("n_requests", "max_batch", "prefix_requests", "system_len", "repeats"), True)
-        _require_positive(self, ("rate", "prompt_median", "output_median"), False)
-        if self.max_len is not None:
-            _require_positive(self, ("max_len",), True)
-            if self.max_len < 2:
-                raise ValueError(f"max_len must be at least 2 (a prompt and an output token), got {self.max_len}")
+        check_field_types(
+            self,
+            ints=("n_requests", "max_batch", "prefix_requests", "system_len", "repeats"),
+            optional_ints=("max_len",),
+            numbers=("rate", "prompt_median", "output_median"),
+        )
+        if self.max_len is not None and self.max_len < 2:
+            raise ValueError(f"max_len must be at least 2 (a prompt and an output token), got {self.max_len}")
 
 
 def bench_throughput(
@@ -230,10 +221,12 @@ class RateSweep:
         unknown = [p for p in self.policies if p not in POLICIES]
         if unknown:
             raise ValueError(f"policies must be among {POLICIES}, got {unknown}")
-        _require_positive(self, ("n_requests", "max_batch", "block_size", "max_len"), True)
-        _require_positive(self, ("prompt_median", "output_median"), False)
-        if self.num_blocks is not None:
-            _require_positive(self, ("num_blocks",), True)
+        check_field_types(
+            self,
+            ints=("n_requests", "max_batch", "block_size", "max_len"),
+            optional_ints=("num_blocks",),
+            numbers=("prompt_median", "output_median"),
+        )
         if self.timeout < 0:
             raise ValueError(f"timeout must be >= 0, got {self.timeout}")
 
@@ -283,7 +276,7 @@ class InterferenceWorkload:
 
     def __post_init__(self) -> None:
         names = ("n_chat", "chat_prompt", "chat_tokens", "n_long", "long_prompt", "long_tokens")
-        _require_positive(self, names, True)
+        check_field_types(self, names)
         if not (math.isfinite(self.first) and self.first >= 0 and math.isfinite(self.gap) and self.gap >= 0):
             raise ValueError(f"first and gap must be times >= 0, got {self.first} and {self.gap}")
 

@@ -16,7 +16,9 @@ so the same requests are measured twice, side by side:
 
 The difference is what the HTTP layer costs: the request's transfer and parsing, the hand-off to
 the engine's thread, and for every token the detokenization, the JSON of its chunk, and its trip
-back. Requests ask for ``ignore_eos``, so every answer has exactly the workload's length.
+back. Requests ask for ``ignore_eos``, so every answer has exactly the workload's length. The
+client records its own lateness too (each request sent vs its scheduled arrival): a client that
+cannot keep up with the rate would otherwise pass for a fast server.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from ..cli import DEFAULT_MODEL
+from ..core.config import check_field_types
 from ..core.device import best_device
-from ..measure.metrics import SLO, RequestMetrics, goodput, percentiles, throughput
+from ..measure.metrics import SLO, RequestMetrics, goodput, latency_percentiles, percentiles, span, throughput
 from ..serving.workload import Request, chat_trace, requests_from_trace
+from .batching import SIGMA
 from .report import describe, finish_provenance, format_table, provenance
 
 PS = (50, 90, 99)
@@ -66,16 +70,18 @@ class ServeBench:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_requests, bool) or not isinstance(self.n_requests, int) or self.n_requests < 1:
-            raise ValueError(f"n_requests must be a positive integer, got {self.n_requests!r}")
+        check_field_types(
+            self,
+            ints=("n_requests", "max_len", "max_batch"),
+            optional_ints=("threads",),
+            numbers=("prompt_median", "output_median", "startup_timeout"),
+        )
         if not self.rates or any(not isinstance(r, (int, float)) or not 0 < r < math.inf for r in self.rates):
             raise ValueError(f"rates must be positive request rates (per second), got {self.rates!r}")
         if self.url is not None and not str(self.url).startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         if min(self.prompt_median, self.output_median) < 1 or self.max_len < 2:
             raise ValueError("prompt_median and output_median must be >= 1 token, max_len >= 2")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ValueError(f"threads must be a positive integer or None, got {self.threads!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,6 +174,7 @@ class Measured:
 
     client: RequestMetrics
     engine: RequestMetrics
+    send_delay: float = 0.0  # seconds the client sent it after its scheduled arrival (its own lateness)
 
 
 def completion_body(model: str, request: Request) -> dict:
@@ -185,7 +192,8 @@ def completion_body(model: str, request: Request) -> dict:
 
 async def stream_one(client, model: str, request: Request, t0: float) -> Measured:
     """Send ``request`` at its arrival time; the time each token's chunk came in."""
-    await asyncio.sleep(max(0.0, t0 + request.arrival - time.perf_counter()))
+    scheduled = t0 + request.arrival
+    await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
     sent, times, engine_times = time.perf_counter(), [], None
     async with client.stream("POST", "/v1/completions", json=completion_body(model, request)) as response:
         if response.status_code != 200:
@@ -201,7 +209,7 @@ async def stream_one(client, model: str, request: Request, t0: float) -> Measure
     if engine_times is None or len(engine_times) != len(times):
         raise RuntimeError(f"request {request.id}: the server sent no engine timing for its {len(times)} tokens")
     n = len(request.prompt)
-    return Measured(RequestMetrics(sent, times, n), RequestMetrics(0.0, engine_times, n))
+    return Measured(RequestMetrics(sent, times, n), RequestMetrics(0.0, engine_times, n), sent - scheduled)
 
 
 async def stream_all(url: str, model: str, requests: Sequence[Request], bar: tqdm) -> list[Measured]:
@@ -244,26 +252,24 @@ def run_coroutine(coroutine):
 
 
 def latency_figures(metrics: Sequence[RequestMetrics], slo: SLO, seconds: float) -> dict:
-    """TTFT, TPOT, ITL and end-to-end percentiles (ms), and the goodput over ``seconds``."""
-    ms = lambda values: {k: 1e3 * v for k, v in percentiles(values, PS).items()}  # noqa: E731
-    tpots = [m.tpot for m in metrics if m.output_tokens > 1]
-    gaps = [g for m in metrics for g in m.itl]
-    good = goodput(metrics, slo, seconds)
-    return {
-        "ttft_ms": ms([m.ttft for m in metrics]),
-        "tpot_ms": ms(tpots) if tpots else None,
-        "itl_ms": ms(gaps) if gaps else None,
-        "e2e_ms": ms([m.e2e for m in metrics]),
-        "goodput_rps": good,
-        "slo_met_pct": 100 * good * seconds / len(metrics),
-    }
+    """TTFT, TPOT, ITL and end-to-end percentiles (ms); the goodput over ``seconds`` (requests/s
+    within the SLO) and the % of the requests within it."""
+    latency = {f"{name}_ms": ms(p) for name, p in latency_percentiles(metrics, PS).items()}
+    met = sum(slo.met_by(m) for m in metrics)
+    return {**latency, "goodput_rps": goodput(metrics, slo, seconds), "slo_met_pct": 100 * met / len(metrics)}
+
+
+def ms(seconds: dict[str, float] | None) -> dict[str, float] | None:
+    return None if seconds is None else {k: 1e3 * v for k, v in seconds.items()}
 
 
 def rate_figures(rate: float, measured: Sequence[Measured], slo: SLO) -> dict:
-    """One rate's run: throughput at the client, both sides' latencies, and what HTTP adds."""
+    """One rate's run: throughput at the client over its span (first send to last token), both
+    sides' latencies, what HTTP adds, and how late the client itself sent. The engine's clock has
+    no span of its own (each request's starts when it arrives): its goodput is over the client's."""
     client = [m.client for m in measured]
-    tp = throughput(client)
-    seconds = len(client) / tp["requests_per_s"]
+    seconds = span(client)
+    tp = throughput(client, seconds)
     ttft_gap = [m.client.ttft - m.engine.ttft for m in measured]
     tpot_gap = [m.client.tpot - m.engine.tpot for m in measured if m.client.output_tokens > 1]
     return {
@@ -275,8 +281,10 @@ def rate_figures(rate: float, measured: Sequence[Measured], slo: SLO) -> dict:
         "requests_per_s": tp["requests_per_s"],
         "client": latency_figures(client, slo, seconds),
         "engine": latency_figures([m.engine for m in measured], slo, seconds),
+        "goodput_over": "the client's span (seconds), on both sides",
         "http_ttft_ms_p50": 1e3 * percentiles(ttft_gap, (50,))["p50"],
         "http_tpot_ms_p50": 1e3 * percentiles(tpot_gap, (50,))["p50"] if tpot_gap else None,
+        "send_delay_ms": ms(percentiles([m.send_delay for m in measured], PS)),
     }
 
 
@@ -284,7 +292,7 @@ def workload(options: ServeBench, vocab_size: int, run: int, rate: float) -> lis
     """The chat-like requests of one rate: the same lengths at every rate, arrivals scaled, and
     fresh prompt ids per run (so no run finds another's prompts in the prefix cache)."""
     o = options
-    trace = chat_trace(o.n_requests, rate, o.prompt_median, 0.8, o.output_median, 0.8, o.max_len, o.seed)
+    trace = chat_trace(o.n_requests, rate, o.prompt_median, SIGMA, o.output_median, SIGMA, o.max_len, o.seed)
     return requests_from_trace(trace, vocab_size, seed=options.seed + 1000 * (run + 1))
 
 
@@ -322,49 +330,44 @@ SERVE_COLUMNS = {
     "rate": "req/s",
     "at": "at",
     "ttft_p50": "TTFT p50",
+    "ttft_p90": "p90",
     "ttft_p99": "p99",
     "tpot_p50": "TPOT p50",
+    "tpot_p90": "p90",
     "tpot_p99": "p99",
     "itl_p99": "ITL p99",
     "goodput": "goodput",
     "slo_met_pct": "in SLO %",
+    "e2e_p50": "end-to-end p50",
+    "e2e_p90": "p90",
+    "e2e_p99": "p99",
 }
 
 
 def format_serve(figures: dict) -> str:
-    """Client and engine latencies per rate in one table (fits 88 columns), then per rate the
-    throughput and what HTTP adds, and where it was measured."""
+    """Client and engine latencies per rate in one table (in blocks that fit 88 columns), then per
+    rate the throughput, what HTTP adds and how late the client sent, and where it was measured."""
     rows = []
     for run in figures["runs"]:
         for side in ("client", "engine"):
             f = run[side]
-            tpot, itl = f["tpot_ms"] or {}, f["itl_ms"] or {}
-            rows.append(
-                {
-                    "rate": run["rate"],
-                    "at": side,
-                    "ttft_p50": f["ttft_ms"]["p50"],
-                    "ttft_p99": f["ttft_ms"]["p99"],
-                    "tpot_p50": tpot.get("p50"),
-                    "tpot_p99": tpot.get("p99"),
-                    "itl_p99": itl.get("p99"),
-                    "goodput": f["goodput_rps"],
-                    "slo_met_pct": f["slo_met_pct"],
-                }
-            )
+            row = {"rate": run["rate"], "at": side, "goodput": f["goodput_rps"], "slo_met_pct": f["slo_met_pct"]}
+            for measure, ps in (("ttft", PS), ("tpot", PS), ("itl", (99,)), ("e2e", PS)):
+                row.update({f"{measure}_p{p}": (f[f"{measure}_ms"] or {}).get(f"p{p}") for p in ps})
+            rows.append(row)
     slo = figures["slo"]
     title = (
         f"{figures['workload']['requests_per_rate']} streamed requests per rate; ms; goodput: req/s "
-        f"within TTFT {1e3 * slo['ttft_s']:.0f} ms, TPOT {1e3 * slo['tpot_s']:.0f} ms"
+        f"within TTFT {1e3 * slo['ttft_s']:.0f} ms, TPOT {1e3 * slo['tpot_s']:.0f} ms, over the client's span"
     )
-    lines = [format_table(rows, SERVE_COLUMNS, title=title)]
+    lines = [format_table(rows, SERVE_COLUMNS, title=title, keys=2)]
     for run in figures["runs"]:
-        tpot = run["http_tpot_ms_p50"]
-        per_token = f", {tpot:+.2f} ms TPOT" if tpot is not None else ""
-        lines.append(
-            f"{run['rate']:g} req/s: {run['output_tokens_per_s']:.0f} output tokens/s; HTTP adds (p50) "
-            f"{run['http_ttft_ms_p50']:+.1f} ms TTFT{per_token}"
-        )
+        tpot, late = run["http_tpot_ms_p50"], run.get("send_delay_ms")  # runs saved before it: no send delay
+        text = f"{run['rate']:g} req/s: {run['output_tokens_per_s']:.0f} output tokens/s; HTTP adds (p50) "
+        text += f"{run['http_ttft_ms_p50']:+.1f} ms TTFT" + (f", {tpot:+.2f} ms TPOT" if tpot is not None else "")
+        if late is not None:
+            text += f"; the client sent {late['p50']:.1f} ms (p50), {late['p99']:.1f} ms (p99) after schedule"
+        lines += textwrap.wrap(text, 88, subsequent_indent="  ")
     lines += textwrap.wrap(describe(figures), 88)
     return "\n".join(lines)
 

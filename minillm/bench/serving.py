@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.config import ModelConfig
 from ..core.model import Transformer
-from ..measure.metrics import SLO, goodput, percentiles, throughput
+from ..measure.metrics import SLO, goodput, latency_percentiles, throughput
 from ..serving.engine import Engine, EngineConfig, RequestOutput, SimulatedModel
 from ..serving.workload import Request
 
@@ -59,9 +59,8 @@ def serving_figures(outputs: Sequence[RequestOutput], engine: Engine, slo: SLO |
     waste (%), and with an ``slo`` the goodput (requests/s) and the % of requests within it."""
     metrics = [o.metrics for o in outputs]
     tp = throughput(metrics)
-    ttft = percentiles([m.ttft for m in metrics], (50, 99))
-    tpots = [m.tpot for m in metrics if m.output_tokens > 1]
-    tpot = percentiles(tpots, (50, 99)) if tpots else {"p50": float("nan"), "p99": float("nan")}
+    latency = latency_percentiles(metrics, (50, 99))
+    ttft, tpot = latency["ttft"], latency["tpot"] or dict.fromkeys(("p50", "p99"), float("nan"))
     figures = {
         "tokens_per_s": tp["output_tokens_per_s"],
         "requests_per_s": tp["requests_per_s"],

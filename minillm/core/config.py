@@ -8,6 +8,7 @@ traffic, which is all that speed experiments depend on.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -26,8 +27,9 @@ def _got(value: object) -> str:
 
 
 def check_field_types(obj: object, ints: tuple[str, ...], optional_ints=(), numbers=(), bools=()) -> None:
-    """ValueError naming the first field of a config dataclass whose value has the wrong type or
-    is not positive; run first in ``__post_init__``, before any arithmetic on the fields."""
+    """ValueError naming the first field of a config or options dataclass whose value has the wrong
+    type or is not positive (numbers: not finite and positive); run first in ``__post_init__``,
+    before any arithmetic on the fields."""
     kind = type(obj).__name__
     for name in ints + tuple(n for n in optional_ints if getattr(obj, n) is not None):
         value = getattr(obj, name)
@@ -35,7 +37,7 @@ def check_field_types(obj: object, ints: tuple[str, ...], optional_ints=(), numb
             raise ValueError(f"{kind}.{name} must be a positive integer, got {_got(value)}")
     for name in numbers:
         value = getattr(obj, name)
-        if not _is_number(value) or not value > 0:
+        if not _is_number(value) or not 0 < value < math.inf:
             raise ValueError(f"{kind}.{name} must be a positive number, got {_got(value)}")
     for name in bools:
         if not isinstance(getattr(obj, name), bool):

@@ -68,6 +68,21 @@ def percentiles(values: Iterable[float], ps: Sequence[float] = (50, 90, 95, 99))
     return {f"p{p:g}": float(np.percentile(arr, p)) for p in ps}
 
 
+def latency_percentiles(
+    requests: Sequence[RequestMetrics], ps: Sequence[float] = (50, 90, 99)
+) -> dict[str, dict[str, float] | None]:
+    """Percentiles (s) of TTFT, TPOT (answers of two tokens or more), every inter-token gap (ITL)
+    and end-to-end latency over ``requests``: {"ttft": {"p50": ...}, "tpot": ..., "itl": ...,
+    "e2e": ...}, None for a measure no request has (no answer of two tokens: no TPOT, no ITL)."""
+    measures = {
+        "ttft": [r.ttft for r in requests],
+        "tpot": [r.tpot for r in requests if r.output_tokens > 1],
+        "itl": [gap for r in requests for gap in r.itl],
+        "e2e": [r.e2e for r in requests],
+    }
+    return {name: percentiles(values, ps) if values else None for name, values in measures.items()}
+
+
 @dataclass(frozen=True)
 class SLO:
     """A service-level objective: a request is good when both bounds hold."""

@@ -18,7 +18,10 @@ added, so its metrics (TTFT, ITL) count the wait for the loop as well as queuein
 Nothing a caller sends can stop the loop: a request the engine could never serve is refused in
 ``add_request`` (ValueError), one that fails while served ends alone with ``finish_reason``
 "error", and if a step itself raises, the requests in flight end with the error and the loop
-goes on with the next ones.
+goes on with the next ones. Nor does a caller ever wait for nothing: if anything else in a pass
+of the loop fails (a bug), the requests in flight end with "error" and the loop goes on; if the
+loop ends, for any reason, every request still open ends; and once it has ended, ``add_request``
+refuses (RuntimeError), also when shutdown comes while the request is being added.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -37,6 +41,7 @@ from .engine import Engine, RequestOutput
 from .workload import Request
 
 STEP_LOG_KEPT = 4096  # steps of Engine.step_log a long-running server keeps (it would grow forever)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class RequestStream:
 
     request: Request
     loop: asyncio.AbstractEventLoop | None  # the caller's event loop; None: a plain blocking queue
-    timeout: float | None = None  # seconds a blocking iteration waits for the next delta at most
+    timeout: float | None = None  # seconds an iteration waits for the next delta at most (None: no bound)
     sent: int = 0  # tokens published so far (the loop thread's count)
     _queue: asyncio.Queue | queue.SimpleQueue = field(init=False)
 
@@ -83,7 +88,10 @@ class RequestStream:
         if self.loop is None:
             raise TypeError("this stream was added outside an event loop: iterate it with a plain for loop")
         while True:
-            delta = await self._queue.get()
+            try:
+                delta = await asyncio.wait_for(self._queue.get(), self.timeout)
+            except TimeoutError:
+                raise TimeoutError(f"request {self.id}: no token within {self.timeout} s") from None
             yield delta
             if delta.finished:
                 return
@@ -117,12 +125,14 @@ class AsyncEngine:
             raise ValueError("the engine has requests in flight: wrap an idle engine")
         self.engine = engine
         self.idle_wait = idle_wait  # seconds the idle loop sleeps between checks (a new request wakes it)
-        self.stream_timeout = stream_timeout  # for blocking iteration of streams
+        self.stream_timeout = stream_timeout  # for iterating streams (RequestStream.timeout)
         engine.step_log = collections.deque(engine.step_log, maxlen=STEP_LOG_KEPT)
         self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # a request is sent, or the loop closes: never both at once
+        self._closed = False  # the loop has ended (set under the lock): nothing is taken any more
         self._streams: dict[int, RequestStream] = {}  # live requests, the loop thread's own
         self._ids = itertools.count(1 + max(engine.outputs, default=-1))
         self._t0 = 0.0
@@ -134,7 +144,8 @@ class AsyncEngine:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
+        alive = self._thread is not None and self._thread.is_alive()
+        return alive and not self._stopping.is_set() and not self._closed
 
     def clock(self) -> float:
         """Seconds on the engine's clock: since the loop started (plus what the engine had run before)."""
@@ -161,13 +172,20 @@ class AsyncEngine:
         except RuntimeError:
             loop = None
         stream = RequestStream(request, loop, self.stream_timeout)
-        self._send("add", stream)
+        with self._lock:  # the loop's last drain either takes this request, or comes before it and refuses it
+            if self._closed:
+                raise RuntimeError("the engine is not running (it shut down while this request was added)")
+            self._send("add", stream)
         return stream
 
-    def abort(self, request_id: int) -> None:
+    def abort(self, request_id: int, reason: str = "abort") -> None:
         """End a request wherever it is; its blocks return to the pool before the next step. Its
-        stream gets a last delta with finish_reason "abort" (a finished request is left alone)."""
-        self._send("abort", request_id)
+        stream gets a last delta with finish_reason ``reason`` (a finished request is left alone):
+        "abort", or "stop" when the caller found a stop of its own (a stop string), which counts
+        as a normal ending."""
+        if reason not in ("abort", "stop"):
+            raise ValueError(f"reason must be 'abort' or 'stop', got {reason!r}")
+        self._send("abort", (request_id, reason))
 
     def shutdown(self, timeout: float = 10.0) -> bool:
         """Abort every request in flight and stop the loop; True when it stopped within ``timeout`` s."""
@@ -185,67 +203,102 @@ class AsyncEngine:
     # -- the loop thread ------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self._stopping.is_set():
-            self._wake.clear()
-            self._take_commands()
-            if not self.engine.unfinished:
-                self._wake.wait(self.idle_wait)
-                continue
-            self.engine.now = max(self.engine.now, self.clock())
-            try:
-                finished = self.engine.step()
-            except Exception as e:  # the step itself failed: end what is in flight, keep serving
-                self._end_all("error", f"{type(e).__name__}: {e}")
-                continue
-            self._publish(finished)
-        self._take_commands()
-        self._end_all("abort", "the server is shutting down")
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                try:
+                    self._step_once()
+                except Exception as e:  # a bug outside the step: end what is in flight, keep serving
+                    log.exception("the engine loop failed; the requests in flight end with an error")
+                    self._end_all("error", f"the engine loop failed: {describe(e)}")
+                    self._wake.wait(self.idle_wait)  # no busy loop if it fails again at once
+        finally:  # shut down, or died: either way no caller is left waiting
+            died = not self._stopping.is_set()
+            self._close("error" if died else "abort", "the engine loop stopped" if died else None)
 
-    def _take_commands(self) -> None:
-        """Add and abort what the callers sent. A request aborted before it was added never is; any
-        other is in the scheduler by now (each step admits every request that has arrived)."""
+    def _step_once(self) -> None:
+        self._take_commands()
+        if not self.engine.unfinished:
+            self._wake.wait(self.idle_wait)
+            return
+        self.engine.now = max(self.engine.now, self.clock())
+        try:
+            finished = self.engine.step()
+        except Exception as e:  # the step itself failed: end what is in flight, keep serving
+            self._end_all("error", describe(e))
+            return
+        self._publish(finished)
+
+    def _close(self, reason: str, error: str | None) -> None:
+        """The loop's last act: from here on ``add_request`` refuses; the requests still queued and
+        those in flight end with ``reason``."""
+        with self._lock:
+            self._closed = True
+            commands = self._drain()
+        for command, arg in commands:
+            if command == "add":
+                self._streams[arg.id] = arg
+        self._end_all(reason, error)
+
+    def _drain(self) -> list[tuple[str, object]]:
         commands = []
         while True:
             try:
                 commands.append(self._commands.get_nowait())
             except queue.Empty:
-                break
-        aborted = {arg for command, arg in commands if command == "abort"}
-        ended = []
+                return commands
+
+    def _take_commands(self) -> None:
+        """Add and abort what the callers sent. A request aborted before it was added never is; any
+        other is in the scheduler by now (each step admits every request that has arrived)."""
+        commands = self._drain()
+        if not commands:
+            return
+        added = [arg for command, arg in commands if command == "add"]
+        aborted: dict[int, str] = {}
         for command, arg in commands:
-            if command == "add" and arg.id in aborted:
-                ended.append((arg, TokenDelta(finish_reason="abort")))
-            elif command == "add":
-                ended += self._add(arg)
-            else:
-                ended += self._abort(arg)
-        if commands:
-            self._deliver(ended)
+            if command == "abort":
+                aborted.setdefault(*arg)  # (request id, reason): the first abort of a request says why
+        for stream in added:
+            self._streams[stream.id] = stream  # first: whatever fails from here on, its caller hears of it
+        ended = []
+        for stream in added:
+            if stream.id not in aborted:
+                ended += self._add(stream)
+        for request_id, reason in aborted.items():
+            ended += self._abort(request_id, reason)
+        self._deliver(ended)
 
     def _add(self, stream: RequestStream) -> list[tuple[RequestStream, TokenDelta]]:
         try:
             self.engine.add_request(stream.request)
         except Exception as e:  # checked in add_request already; a change since then ends it here
-            return [(stream, TokenDelta(finish_reason="error", error=f"{type(e).__name__}: {e}"))]
-        self._streams[stream.id] = stream
+            return [(stream, TokenDelta(finish_reason="error", error=describe(e)))]
         self.counters["prompt_tokens"] += len(stream.request.prompt)
         return []
 
-    def _abort(self, request_id: int, reason: str = "abort", error: str | None = None):
-        """Drop a live request from the scheduler (its blocks freed); the delta that tells its caller."""
-        stream = self._streams.pop(request_id, None)
+    def _abort(self, request_id: int, reason: str = "abort") -> list[tuple[RequestStream, TokenDelta]]:
+        """Drop a live request from the engine (its blocks freed); the delta that tells its caller."""
+        stream = self._streams.get(request_id)
         if stream is None:
             return []  # finished already, or never added
-        scheduler = self.engine.scheduler
-        for seq in [*scheduler.running, *scheduler.waiting]:
-            if seq.id == request_id:
-                scheduler.abort(seq)
-        self.engine.outputs.pop(request_id, None)
-        return [(stream, TokenDelta(finish_reason=reason, error=error))]
+        self.engine.abort(request_id)
+        return [(stream, TokenDelta(finish_reason=reason))]
 
-    def _end_all(self, reason: str, error: str) -> None:
-        error = error if reason == "error" else None
-        self._deliver([pair for request_id in list(self._streams) for pair in self._abort(request_id, reason, error)])
+    def _end_all(self, reason: str, error: str | None = None) -> None:
+        """End every live request with ``reason``, in the engine as far as it still can, and tell
+        its caller; if even telling fails (counting, a snapshot), each stream still gets its end."""
+        ended = [(stream, TokenDelta(finish_reason=reason, error=error)) for stream in self._streams.values()]
+        for stream, _ in ended:
+            with contextlib.suppress(Exception):  # an engine in a bad state frees what it can
+                self.engine.abort(stream.id)
+        try:
+            self._deliver(ended)
+        except Exception:
+            log.exception("delivering the last deltas failed; published without counting")
+            for stream, delta in ended:
+                stream.publish(delta)
+        self._streams.clear()
 
     def _publish(self, finished: list[RequestOutput]) -> None:
         """Each running request's new tokens, then the finished ones' last tokens and how they ended."""
@@ -255,7 +308,7 @@ class AsyncEngine:
             if stream is not None and len(seq.outputs) > stream.sent:
                 deltas.append((stream, self._delta(stream, seq.outputs, seq.token_times)))
         for out in finished:
-            stream = self._streams.pop(out.request.id, None)
+            stream = self._streams.get(out.request.id)
             self.engine.outputs.pop(out.request.id, None)  # a server's engine keeps no history
             if stream is not None:
                 deltas.append(
@@ -269,7 +322,8 @@ class AsyncEngine:
 
     def _deliver(self, deltas: list[tuple[RequestStream, TokenDelta]]) -> None:
         """Count, snapshot the engine, then publish: a caller who sees its request end sees its
-        blocks freed in ``stats`` too."""
+        blocks freed in ``stats`` too. A request leaves the live ones only here, once its caller
+        has its last delta."""
         for stream, delta in deltas:
             stream.sent += len(delta.tokens)
             self.counters["generated_tokens"] += len(delta.tokens)
@@ -281,6 +335,8 @@ class AsyncEngine:
                 with contextlib.suppress(Exception):  # a broken observer must not stop the engine
                     observe(stream, delta)
             stream.publish(delta)
+            if delta.finished:
+                self._streams.pop(stream.id, None)
 
     def _snapshot(self) -> dict[str, int]:
         """The engine's state after a step, for /metrics (read by other threads, replaced whole)."""
@@ -295,3 +351,7 @@ class AsyncEngine:
             "steps": e.steps,
             **self.counters,
         }
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

@@ -23,7 +23,12 @@ and ``SimulatedModel`` stands in for the model when only the schedule and the cl
 (rate sweeps of thousands of steps in seconds).
 
 Every step is logged in ``Engine.step_log`` (a ``StepRecord``: when, how long, which sequences
-with how many tokens, the KV blocks in use), for timelines and for fitting the cost model.
+with how many tokens, the KV blocks in use), for timelines and for fitting the cost model. The
+three of them live in ``step_cost`` and are importable from here too.
+
+``Engine.abort`` ends a request wherever it is and keeps nothing of it: a server (the async
+engine) aborts what its clients leave, and pops each finished output, so a long-running engine
+holds only the requests in flight.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -46,80 +50,12 @@ from ..core.sampling import sample
 from ..kv.paged import BlockManager, KVPool, PagedKVBatch
 from ..measure.metrics import RequestMetrics
 from .scheduler import Scheduler, SchedulerConfig, SequenceState, Work
+from .step_cost import StepCost, StepRecord, fit_step_cost  # noqa: F401 (fit_step_cost: importable from here too)
 from .workload import Request
 
 
 class RequestTooLargeError(ValueError):
     """A request that could never run: it needs more blocks than the whole pool, or more than the context."""
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """A simulated clock, in seconds: ``fixed`` per forward, plus ``per_token`` per decode row and
-    ``per_prefill_token`` per prompt token (by default the same as ``per_token``).
-
-    The engine runs one forward for the decode rows of a step and one for its prompt chunks, so a
-    mixed step pays ``fixed`` twice; a static batch's padding rows count as decode rows (they are
-    computed like the others). ``StepCost()(n)`` is one forward of n tokens: fixed + per_token x n.
-    """
-
-    fixed: float = 5e-3
-    per_token: float = 1e-4
-    per_prefill_token: float | None = None
-
-    def __post_init__(self) -> None:
-        if min(self.fixed, self.per_token, self.prefill_rate) < 0:
-            raise ValueError(f"step costs must be >= 0, got {self}")
-
-    @property
-    def prefill_rate(self) -> float:
-        return self.per_token if self.per_prefill_token is None else self.per_prefill_token
-
-    def __call__(self, tokens: int, prefill_tokens: int = 0, forwards: int = 1) -> float:
-        return self.fixed * forwards + self.per_token * tokens + self.prefill_rate * prefill_tokens
-
-    def half_batch(self) -> float:
-        """The decode batch at which tokens/s reaches half its limit 1 / per_token: fixed / per_token.
-        A decode step of B rows makes B / (fixed + per_token x B) tokens/s, which grows with B
-        only while the fixed cost (reading the weights, launching the step) dominates."""
-        return self.fixed / self.per_token if self.per_token > 0 else float("inf")
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One step of the engine, on its clock."""
-
-    start: float  # seconds
-    duration: float  # seconds: measured, or from the StepCost
-    decode_rows: int  # one-token rows, a static batch's padding rows included
-    padding_rows: int  # rows of finished members of a static batch, fed but wasted
-    prefill_tokens: int  # prompt tokens fed in rows of more than one token
-    forwards: int  # 1 or 2 (decode rows and prompt chunks run as two forwards)
-    work: tuple[tuple[int, int], ...]  # (request id, tokens fed) per row
-    blocks_used: int  # KV blocks referenced after the step
-
-    @property
-    def end(self) -> float:
-        return self.start + self.duration
-
-
-def fit_step_cost(records: Iterable[StepRecord]) -> StepCost:
-    """Least-squares fit of duration = fixed x forwards + per_token x decode rows + per_prefill_token
-    x prompt tokens to measured steps (non-negative coefficients)."""
-    records = list(records)
-    if len(records) < 3:
-        raise ValueError(f"fitting a step cost needs at least 3 steps, got {len(records)}")
-    X = np.array([[r.forwards, r.decode_rows, r.prefill_tokens] for r in records], dtype=float)
-    y = np.array([r.duration for r in records])
-    keep = [j for j in range(3) if X[:, j].any()]
-    while True:  # drop a column whose coefficient comes out negative, refit the rest
-        coef = np.linalg.lstsq(X[:, keep], y, rcond=None)[0]
-        if (coef >= 0).all() or len(keep) == 1:
-            break
-        keep.pop(int(np.argmin(coef)))
-    full = np.zeros(3)
-    full[keep] = np.maximum(coef, 0)
-    return StepCost(fixed=float(full[0]), per_token=float(full[1]), per_prefill_token=float(full[2]))
 
 
 class SimulatedModel:
@@ -195,7 +131,7 @@ class Engine:
         self._pending: list[tuple[float, int, Request]] = []  # heap by arrival
         self._generators: dict[int, torch.Generator | None] = {}
         self.outputs: dict[int, RequestOutput] = {}  # finished requests by id
-        self._ids: set[int] = set()  # every request id ever added
+        self._live: set[int] = set()  # ids of the requests added and not finished
         self._next_id = 0
 
     # -- requests in ---------------------------------------------------------------------------
@@ -226,12 +162,30 @@ class Engine:
         self.check(request)
         if request.id is None:
             request.id = self._next_id
-        if request.id in self._ids:
+        if self._taken(request.id):
             raise ValueError(f"a request with id {request.id} was already added")
-        self._ids.add(request.id)
+        self._live.add(request.id)
         self._next_id = max(self._next_id, request.id) + 1
         heapq.heappush(self._pending, (request.arrival, request.id, request))
         return request.id
+
+    def _taken(self, request_id: int) -> bool:
+        """An id is taken while its request is in flight and while its output is kept."""
+        return request_id in self._live or request_id in self.outputs
+
+    def abort(self, request_id: int) -> bool:
+        """End a request wherever it is (not yet arrived, waiting or running): its blocks return to
+        the pool at once and nothing of it is kept, no output either. False if it was not in flight."""
+        if request_id not in self._live:
+            return False
+        self._live.discard(request_id)
+        self._pending = [p for p in self._pending if p[1] != request_id]
+        heapq.heapify(self._pending)
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            if seq.id == request_id:
+                self.scheduler.abort(seq)
+        self._generators.pop(request_id, None)
+        return True
 
     def _admit_arrivals(self) -> list[RequestOutput]:
         """Move arrived requests to the scheduler; those that fail on the way end with an error."""
@@ -363,6 +317,7 @@ class Engine:
     def _output(self, seq: SequenceState, finish_reason: str | None = None) -> RequestOutput:
         r = seq.request
         self._generators.pop(r.id, None)  # a finished request never samples again
+        self._live.discard(r.id)
         metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
         out = seq.outputs
         reason = finish_reason or ("stop" if out and out[-1] in r.stop_ids else "length")
@@ -387,7 +342,7 @@ class Engine:
         seen: set[int] = set()
         for r in requests:
             self.check(r)
-            if r.id is not None and (r.id in self._ids or r.id in seen):
+            if r.id is not None and (self._taken(r.id) or r.id in seen):
                 raise ValueError(f"a request with id {r.id} was already added")
             seen.add(r.id)
         ids = [self.add_request(r) for r in requests]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.checkpoints import load
+from ..core.config import check_field_types
 from ..core.device import hardware_description, threads_label
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig, RequestTooLargeError
@@ -85,10 +86,7 @@ class ServerOptions:
             raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string or None")
-        for name in ("max_batch", "num_blocks", "block_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_field_types(self, ints=("max_batch", "num_blocks", "block_size"))
         t = self.shutdown_timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"shutdown_timeout must be a finite number of seconds >= 0, got {t!r}")
@@ -131,6 +129,22 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
     info = model_info(name, tokenizer, engine.engine)
     metrics = ServerMetrics(engine)
 
+    class EngineStreamingResponse(StreamingResponse):
+        """The events of one engine request. However the response ends (answered, the client gone
+        before it started or while it ran, the server stopping), the request ends with it."""
+
+        def __init__(self, events, request_id: int):
+            super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            self.request_id = request_id
+
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                engine.abort(self.request_id)  # a no-op once the request has finished
+                with contextlib.suppress(RuntimeError):  # the events' generator, closed now, not when collected
+                    await self.body_iterator.aclose()
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if not engine.running:
@@ -138,7 +152,7 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
         yield
         await asyncio.to_thread(engine.shutdown)
 
-    def authorize(request: HTTPRequest) -> None:
+    async def authorize(request: HTTPRequest) -> None:  # async: a plain def would run in a thread pool, per request
         if api_key is None:
             return
         given = request.headers.get("authorization", "")
@@ -160,8 +174,7 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
             raise APIError(503, str(e), code="shutting_down") from None
         pieces = answer(job, stream, engine.abort, tokenizer)
         if job.stream:
-            events = sse_events(job, info.name, pieces)
-            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return EngineStreamingResponse(sse_events(job, info.name, pieces), stream.id)
         collecting = asyncio.ensure_future(collect(job, info.name, pieces))
         gone = asyncio.ensure_future(disconnected(request))
         try:
@@ -209,7 +222,8 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
 
     @app.exception_handler(APIError)
     async def api_error(request: HTTPRequest, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None  # what a 401 must say (RFC 9110)
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: HTTPRequest, e: HTTPException):
@@ -241,15 +255,17 @@ async def disconnected(request) -> None:
 
 
 async def collect(job, model: str, pieces) -> dict:
-    """A whole answer, for a request that is not streamed; an engine error is a 500."""
+    """A whole answer, for a request that is not streamed; an engine error is a 500. However it
+    ends, ``pieces`` is closed (which ends the request)."""
     text, ids, times, reason = [], [], [], None
-    async for piece in pieces:
-        if piece.error is not None:
-            raise APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
-        text.append(piece.text)
-        ids += piece.token_ids
-        times += piece.times
-        reason = piece.finish_reason
+    async with contextlib.aclosing(pieces):
+        async for piece in pieces:
+            if piece.error is not None:
+                raise APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
+            text.append(piece.text)
+            ids += piece.token_ids
+            times += piece.times
+            reason = piece.finish_reason
     body = response_json(job, model, "".join(text), ids, reason)
     if job.return_engine_timing:
         body["engine_timing"] = engine_timing(job.request, times)
@@ -262,23 +278,26 @@ def event(data: dict | str) -> str:
 
 async def sse_events(job, model: str, pieces):
     """Server-sent events: one chunk per step that adds text (every step with return_token_ids),
-    the finish reason on the last, the usage when asked for, then ``data: [DONE]``."""
-    if job.chat:
-        yield event(role_chunk_json(job, model))
-    n, times = 0, []
-    async for piece in pieces:
-        if piece.error is not None:
-            yield event(APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error").body())
-            break
-        n, times = n + len(piece.token_ids), times + piece.times
-        if piece.text or piece.finish_reason or (job.return_token_ids and piece.token_ids):
-            chunk = chunk_json(job, model, piece.text, piece.token_ids, piece.finish_reason)
-            if piece.finish_reason and job.return_engine_timing:
-                chunk["engine_timing"] = engine_timing(job.request, times)
-            yield event(chunk)
-    if job.include_usage:
-        yield event(usage_chunk_json(job, model, n))
-    yield event("[DONE]")
+    the finish reason on the last, the usage when asked for, then ``data: [DONE]``. Closed early
+    (the client gone), it closes ``pieces``, which ends the request."""
+    async with contextlib.aclosing(pieces):
+        if job.chat:
+            yield event(role_chunk_json(job, model))
+        n, times = 0, []
+        async for piece in pieces:
+            if piece.error is not None:
+                failed = APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
+                yield event(failed.body())
+                break
+            n, times = n + len(piece.token_ids), times + piece.times
+            if piece.text or piece.finish_reason or (job.return_token_ids and piece.token_ids):
+                chunk = chunk_json(job, model, piece.text, piece.token_ids, piece.finish_reason)
+                if piece.finish_reason and job.return_engine_timing:
+                    chunk["engine_timing"] = engine_timing(job.request, times)
+                yield event(chunk)
+        if job.include_usage:
+            yield event(usage_chunk_json(job, model, n))
+        yield event("[DONE]")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.prompts import check_vocabulary, token_rows
 from ..core.sampling import SamplingParams
-from ..core.tokenizer import StreamDecoder, Tokenizer
+from ..core.tokenizer import TextStream, Tokenizer
 from .async_engine import RequestStream
 from .workload import Request
 
@@ -51,9 +51,7 @@ class APIError(Exception):
 
     @property
     def type(self) -> str:
-        if self.status == 401:
-            return "authentication_error"
-        return "invalid_request_error" if self.status < 500 else "server_error"
+        return "invalid_request_error" if self.status < 500 else "server_error"  # a 401 too, as OpenAI's
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -180,18 +178,23 @@ def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise APIError(400, f"'messages[{i}]' needs a 'role', one of {list(ROLES)}", f"messages[{i}].role")
-        if not isinstance(m.get("content"), (str, list)):
-            raise APIError(400, f"'messages[{i}].content' must be a string", f"messages[{i}].content")
+        content = m.get("content")  # a string or text parts: a text model refuses images rather than drop them
+        if not isinstance(content, str) and not (isinstance(content, list) and all(map(_is_text_part, content))):
+            param = f"messages[{i}].content"
+            what = "a string or a list of text parts, each {'type': 'text', 'text': <string>}"
+            raise APIError(400, f"'{param}' must be {what}, got {content!r:.80}", param)
     text = render_chat(model.tokenizer, [{"role": m["role"], "content": message_text(m)} for m in messages])
     return model.tokenizer.encode(text, add_special_tokens=False)
 
 
+def _is_text_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
 def message_text(message: dict) -> str:
-    """A message's content as text: a string, or the text parts of a list of parts."""
+    """A message's content as text: a string, or its text parts joined."""
     content = message["content"]
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content if isinstance(content, str) else "".join(part["text"] for part in content)
 
 
 def render_chat(tokenizer: Tokenizer, messages: list[dict]) -> str:
@@ -232,17 +235,20 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
         if body.get(key) is not None and body[key] not in accepted:
             raise APIError(400, f"'{key}' is not supported by this server (only its default {accepted[0]!r})", key)
     ids = _chat_ids(body, model) if chat else _prompt_ids(body, model)
-    room = model.max_seq_len - len(ids)
+    room, field_name = model.max_seq_len - len(ids), "messages" if chat else "prompt"
     if room < 1:
-        field_name = "messages" if chat else "prompt"
         raise APIError(
             400,
             f"'{field_name}' is {len(ids)} tokens: no room left in the context of {model.max_seq_len}",
             field_name,
             "context_length_exceeded",
         )
+    pool = model.kv_pool_tokens
+    if pool is not None and len(ids) >= pool:  # not even one output token fits: the prompt is what is too large
+        message = f"'{field_name}' is {len(ids)} tokens: the KV pool holds {pool} tokens, prompt and answer together"
+        raise APIError(400, message, field_name, "request_too_large")
     limit = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    fits = room if model.kv_pool_tokens is None else max(1, min(room, model.kv_pool_tokens - len(ids)))
+    fits = room if pool is None else min(room, pool - len(ids))
     max_tokens = _get(body, limit, (int,), fits if chat else DEFAULT_MAX_TOKENS, "a positive integer")
     if max_tokens < 1:
         raise APIError(400, f"'{limit}' must be a positive integer, got {max_tokens}", limit)
@@ -259,48 +265,19 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
     options = _get(body, "stream_options", (dict,), {}, "an object")
     request = Request(ids, max_tokens, params=_sampling(body), stop_ids=() if ignore_eos else model.eos_ids)
     return Job(
-        request,
-        chat,
-        stream,
-        _stop(body),
-        bool(options.get("include_usage")) and stream,
-        _get(body, "return_token_ids", (bool,), False, "true or false"),
-        _get(body, "return_engine_timing", (bool,), False, "true or false"),
+        request=request,
+        chat=chat,
+        stream=stream,
+        stop=_stop(body),
+        include_usage=bool(options.get("include_usage")) and stream,
+        return_token_ids=_get(body, "return_token_ids", (bool,), False, "true or false"),
+        return_engine_timing=_get(body, "return_engine_timing", (bool,), False, "true or false"),
         id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
     )
 
 
 # ---------------------------------------------------------------------------------------------
 # Text out
-
-
-class TextStream:
-    """Token ids in, text out, cut at the first stop string. Text that could still become the
-    start of a stop string is held back until it cannot (or the answer ends)."""
-
-    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = ()):
-        self.decoder = StreamDecoder(tokenizer)
-        self.stop, self.holdback = stop, max((len(s) for s in stop), default=1) - 1
-        self.text, self.sent, self.stopped = "", 0, False
-
-    def push(self, token: int) -> str:
-        self.text += self.decoder.push(token)
-        return self._release(final=False)
-
-    def finish(self) -> str:
-        self.text += self.decoder.flush()
-        return self._release(final=True)
-
-    def _release(self, final: bool) -> str:
-        if self.stopped:
-            return ""
-        hits = [i for i in (self.text.find(s, self.sent) for s in self.stop) if i >= 0]
-        if hits:
-            self.stopped, end = True, min(hits)
-        else:
-            end = len(self.text) if final else max(self.sent, len(self.text) - self.holdback)
-        piece, self.sent = self.text[self.sent : end], end
-        return piece
 
 
 def usage(job: Job, completion_tokens: int) -> dict:
@@ -365,9 +342,10 @@ class Piece:
     error: str | None = None
 
 
-async def answer(job: Job, stream: RequestStream, abort: Callable[[int], None], tokenizer: Tokenizer):
-    """The answer to ``job`` as ``Piece``s, from its engine stream. A stop string ends it (and
-    aborts the request, freeing its blocks); so does leaving early: a client that goes away."""
+async def answer(job: Job, stream: RequestStream, abort: Callable[[int, str], None], tokenizer: Tokenizer):
+    """The answer to ``job`` as ``Piece``s, from its engine stream. A stop string ends it (the
+    request is ended with reason "stop", its blocks freed: a normal finish in /metrics); leaving
+    early, a client that goes away, aborts it."""
     text = TextStream(tokenizer, job.stop)
     done = False
     try:
@@ -386,5 +364,5 @@ async def answer(job: Job, stream: RequestStream, abort: Callable[[int], None], 
             if done:
                 return
     finally:
-        if not done or text.stopped:
-            abort(stream.id)  # no-op for a request the engine has finished already
+        if not done or text.stopped:  # a no-op for a request the engine has finished already
+            abort(stream.id, "stop" if text.stopped else "abort")

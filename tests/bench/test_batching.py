@@ -78,9 +78,9 @@ def test_bench_batching_cli(tmp_path, capsys):
     assert figures["prefix_cache"]["with_cache"]["ttft_ms_mean"] > 0 and "thread" in figures["hardware"]
     assert {"model", "params", "dtype", "device", "threads", "torch", "date", "load_average_after"} <= set(figures)
     assert main(["bench", "batching", "--requests", "0"]) == 2
-    assert "must be positive" in capsys.readouterr().err
+    assert "n_requests must be a positive integer" in capsys.readouterr().err
     assert main(["bench", "batching", "--rate", "-1"]) == 2
-    assert "rate must be positive" in capsys.readouterr().err
+    assert "rate must be a positive number" in capsys.readouterr().err
 
 
 def test_batching_bench_validates_each_field():
@@ -92,13 +92,14 @@ def test_batching_bench_validates_each_field():
         ("system_len", 0),
         ("repeats", 0),
         ("rate", 0.0),
+        ("rate", float("inf")),
         ("prompt_median", -3.0),
         ("output_median", float("nan")),
         ("max_len", 1),
     ]:
         with pytest.raises(ValueError, match=field):
             BatchingBench(**{field: value})
-    with pytest.raises(ValueError, match="n_requests must be an integer"):
+    with pytest.raises(ValueError, match="n_requests must be a positive integer, got 2.5"):
         BatchingBench(n_requests=2.5)
 
 

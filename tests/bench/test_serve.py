@@ -10,7 +10,17 @@ import pytest
 from tqdm.auto import tqdm
 
 import minillm
-from minillm.bench.serve import ServeBench, bench_serve, curve_rows, format_serve, run_coroutine, run_workload, workload
+from minillm.bench.serve import (
+    ServeBench,
+    bench_serve,
+    curve_rows,
+    format_serve,
+    rate_figures,
+    run_coroutine,
+    run_workload,
+    workload,
+)
+from minillm.measure.metrics import SLO, span
 from minillm.serving.http import create_app
 from tests.serving.conftest import LiveServer, make_engine, save_tiny_checkpoint
 from tests.test_cli import assert_one_line_error, run_main
@@ -41,6 +51,17 @@ def test_each_request_is_measured_at_the_client_and_by_the_engine(url):
         assert m.client.output_tokens == m.engine.output_tokens == r.max_tokens  # ignore_eos: the exact length
         assert m.client.ttft >= m.engine.ttft > 0  # the client sends first and hears last
         assert m.client.e2e >= m.engine.e2e
+        assert m.send_delay >= 0  # never before its scheduled arrival
+    slo = SLO(ttft=sorted(m.client.ttft for m in measured)[3], tpot=1.0)  # some requests within it, some not
+    run = rate_figures(100.0, measured, slo)
+    client = [m.client for m in measured]
+    assert run["seconds"] == span(client) and run["requests_per_s"] == 6 / run["seconds"]
+    for side in ("client", "engine"):
+        met = sum(slo.met_by(getattr(m, side)) for m in measured)
+        assert run[side]["slo_met_pct"] == 100 * met / 6 and run[side]["goodput_rps"] == met / run["seconds"]
+    assert 0 < run["client"]["slo_met_pct"] < 100
+    late = sorted(1e3 * m.send_delay for m in measured)
+    assert run["send_delay_ms"]["p50"] == pytest.approx((late[2] + late[3]) / 2)
 
 
 def test_bench_serve_figures_at_two_rates(url):
@@ -52,12 +73,15 @@ def test_bench_serve_figures_at_two_rates(url):
         assert run["requests"] == 6 and run["output_tokens_per_s"] > 0 and run["input_tokens_per_s"] > 0
         for side in ("client", "engine"):
             f = run[side]
-            assert f["ttft_ms"]["p50"] <= f["ttft_ms"]["p90"] <= f["ttft_ms"]["p99"]
-            assert 0 <= f["slo_met_pct"] <= 100 and f["goodput_rps"] <= run["requests_per_s"] + 1e-9
+            for measure in ("ttft_ms", "tpot_ms", "e2e_ms"):
+                assert f[measure]["p50"] <= f[measure]["p90"] <= f[measure]["p99"]
+            assert f["goodput_rps"] == pytest.approx(f["slo_met_pct"] / 100 * run["requests"] / run["seconds"])
+        assert run["send_delay_ms"]["p99"] >= 0
         assert run["client"]["ttft_ms"]["p50"] >= run["engine"]["ttft_ms"]["p50"] and run["http_ttft_ms_p50"] > 0
     text = format_serve(figures)
     assert max(len(line) for line in text.splitlines()) <= 88, text
-    assert "client" in text and "engine" in text and "HTTP adds" in text
+    assert "client" in text and "engine" in text and "HTTP adds" in text and "end-to-end" in text
+    assert "after schedule" in text  # the client's own lateness
     rows = curve_rows(figures)
     assert {r["policy"] for r in rows} == {"client (HTTP)", "engine"} and len(rows) == 4
     json.dumps(figures)  # saved as JSON
@@ -70,7 +94,7 @@ def test_the_command_starts_its_own_server_and_writes_json(checkpoint, tmp_path,
     status, stdout, err = run_main(argv, capsys)
     assert status == 0, err
     table = stdout.split("figures written to")[0]
-    assert "TTFT p50" in table and max(len(line) for line in table.splitlines()) <= 88
+    assert "TTFT" in table and "p90" in table and max(len(line) for line in table.splitlines()) <= 88
     figures = json.loads(out.read_text())
     assert figures["threads"] == 1 and figures["runs"][0]["requests"] == 4 and figures["url"] is None
 

@@ -4,9 +4,11 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers, trainers
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import minillm
 from minillm.core.checkpoints import CheckpointError, resolve
@@ -18,8 +20,6 @@ from tests.conftest import tiny_model
 def small_tokenizer() -> Tokenizer:
     tok = HFTokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    from tokenizers import decoders
-
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=97,
@@ -68,6 +68,48 @@ def test_stream_decoder_never_splits_a_character():
     pieces = [stream.push(i) for i in tok.encode(text)]
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
+
+
+def llama_style_tokenizer() -> Tokenizer:
+    """SentencePiece's way (Llama 2, TinyLlama): "▁" for a space, byte-fallback tokens for what
+    the vocabulary lacks (你 is three of them), and the first leading space stripped on decoding:
+    a token's text depends on where it stands."""
+    vocab = {"▁a": 0, "▁b": 1, "c": 2, "<0xE4>": 3, "<0xBD>": 4, "<0xA0>": 5, "▁": 6, "<0xC3>": 7, "<0xA9>": 8}
+    tok = HFTokenizer(models.WordLevel(vocab, unk_token="c"))
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return Tokenizer(tok)
+
+
+# Token ids of llama_style_tokenizer, each group one whole character (你 and é split over their bytes)
+LLAMA_CHARACTERS = [[0], [1], [2], [6], [3, 4, 5], [7, 8]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    byte_level=st.lists(st.integers(0, 96), max_size=40),
+    llama_style=st.lists(st.sampled_from(LLAMA_CHARACTERS), max_size=20),
+)
+def test_streamed_text_joins_to_the_decoded_ids(byte_level, llama_style):
+    """The pieces joined are what decoding every id at once gives: for byte-level tokens any ids at
+    all, broken characters included; for SentencePiece's, whole characters in any order (with
+    byte fallback a broken character turns the bytes before it into replacement characters after
+    they were printed, which no stream can take back)."""
+    for tok, ids in ((small_tokenizer(), byte_level), (llama_style_tokenizer(), sum(llama_style, []))):
+        stream = StreamDecoder(tok)
+        assert "".join(stream.push(i) for i in ids) + stream.flush() == tok.decode(ids)
+
+
+def test_stream_decoder_decodes_a_window_not_every_id_so_far():
+    tok = small_tokenizer()
+    decoded = []
+    real = tok.decode
+    tok.decode = lambda ids, **kw: decoded.append(len(ids)) or real(ids, **kw)
+    ids = tok.encode("def add(a, b):\n    return a + b\n" * 20)
+    stream = StreamDecoder(tok)
+    assert "".join(stream.push(i) for i in ids) == real(ids)
+    assert max(decoded) <= 4, "each token costs a decode of a few ids, not of all of them"
 
 
 def test_unsupported_architecture_lists_the_supported_ones(saved):

@@ -9,6 +9,7 @@ from minillm.measure.metrics import (
     RequestMetrics,
     cost_per_million_tokens,
     goodput,
+    latency_percentiles,
     mbu,
     mfu,
     percentiles,
@@ -41,6 +42,16 @@ def test_percentiles_interpolate_and_the_median_ignores_an_outlier():
     assert sum(values) / len(values) == 22  # the mean moves with the outlier; the median does not
     with pytest.raises(ValueError, match="empty"):
         percentiles([])
+
+
+def test_latency_percentiles_of_each_measure_by_hand():
+    one = RequestMetrics(0.0, [0.5, 0.6, 0.8])  # TTFT 0.5, gaps 0.1 and 0.2, TPOT 0.15, e2e 0.8
+    two = RequestMetrics(1.0, [1.3])  # one token: TTFT 0.3, no gap, no TPOT
+    p = latency_percentiles([one, two], (50,))
+    assert p["ttft"] == {"p50": pytest.approx(0.4)} and p["e2e"] == {"p50": pytest.approx(0.55)}
+    assert p["tpot"] == {"p50": pytest.approx(0.15)} and p["itl"] == {"p50": pytest.approx(0.15)}
+    alone = latency_percentiles([two])  # no answer of two tokens: no TPOT, no ITL
+    assert alone["tpot"] is None and alone["itl"] is None and set(alone["ttft"]) == {"p50", "p90", "p99"}
 
 
 def test_goodput_example_ten_requests_three_meet_the_slo():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from minillm import generate
+from minillm.serving.async_engine import RequestStream
 from minillm.serving.engine import RequestTooLargeError
 from minillm.serving.workload import Request
 from tests.conftest import tiny_model
@@ -86,6 +87,7 @@ def test_abort_frees_the_blocks_at_once_and_the_engine_serves_the_next():
         assert deltas[-1].finish_reason == "abort"
         assert sum(len(d.tokens) for d in deltas) < 400
         assert engine.stats["kv_blocks_used"] == 0 and engine.stats["running"] == 0
+        assert engine.engine._generators == {} and not engine.engine.unfinished  # nothing of it is kept
         engine.stream_timeout = TIMEOUT
         again = engine.add_request(Request(prompt(5, 3), 4))
         assert [t for d in again for t in d.tokens] == alone(prompt(5, 3), 4)
@@ -156,3 +158,81 @@ def test_only_continuous_batching_and_an_idle_engine_can_be_wrapped():
     busy.add_request(Request([1, 2], 2))
     with pytest.raises(ValueError, match="in flight"):
         AsyncEngine(busy)
+
+
+def test_a_request_added_while_the_engine_shuts_down_is_refused(monkeypatch):
+    """Shutdown landing between add_request's check and its send: the loop's last drain has run,
+    so the request must be refused, not left waiting for a loop that is gone."""
+    engine = make_engine(MODEL).start()
+    engine.stream_timeout = 2
+    real_check = engine.engine.check
+
+    def check_then_shut_down(request):
+        real_check(request)
+        assert engine.shutdown(TIMEOUT)
+
+    monkeypatch.setattr(engine.engine, "check", check_then_shut_down)
+    with pytest.raises(RuntimeError, match="shut down while this request was added"):
+        list(engine.add_request(Request(prompt(4, 9), 3)))
+
+
+@pytest.mark.parametrize("method", ["_add", "_publish", "_deliver"])
+def test_a_failure_outside_the_step_ends_the_requests_in_flight_and_the_loop_goes_on(monkeypatch, method):
+    engine = make_engine(MODEL).start()
+    engine.stream_timeout = TIMEOUT
+    real, calls = getattr(engine, method), []
+
+    def fails_once(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return real(*args)
+
+    monkeypatch.setattr(engine, method, fails_once)
+    try:
+        failed = list(engine.add_request(Request(prompt(5, 10), 20)))
+        assert failed[-1].finish_reason == "error" and "RuntimeError: a bug" in failed[-1].error
+        assert engine.running
+        good = engine.add_request(Request(prompt(5, 11), 4))
+        assert [t for d in good for t in d.tokens] == alone(prompt(5, 11), 4)
+        assert engine.stats["kv_blocks_used"] == 0 and engine.engine._generators == {}
+    finally:
+        assert engine.shutdown(TIMEOUT)
+
+
+class Fatal(BaseException):
+    """Escapes every ``except Exception``: the engine's loop dies of it."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_when_the_loop_dies_every_open_stream_ends_and_no_request_is_taken(monkeypatch):
+    engine = make_engine(MODEL).start()
+    engine.stream_timeout = TIMEOUT
+    real = engine._publish
+
+    def dies_on_the_third_step(finished):
+        if engine.engine.steps == 3:
+            raise Fatal
+        return real(finished)
+
+    monkeypatch.setattr(engine, "_publish", dies_on_the_third_step)
+
+    async def main():
+        streams = [engine.add_request(Request(prompt(4, 12 + i), 50)) for i in range(3)]
+        return await asyncio.wait_for(asyncio.gather(*(read(s) for s in streams)), TIMEOUT)
+
+    for tokens, deltas in asyncio.run(main()):
+        assert deltas[-1].finish_reason == "error" and "loop stopped" in deltas[-1].error and len(tokens) < 50
+    engine._thread.join(TIMEOUT)
+    assert not engine.running
+    with pytest.raises(RuntimeError, match="not running"):
+        engine.add_request(Request(prompt(3, 13), 2))
+
+
+def test_an_async_stream_waits_for_its_next_delta_at_most_its_timeout():
+    async def main():
+        stream = RequestStream(Request([1, 2], 2), asyncio.get_running_loop(), timeout=0.05)
+        return [d async for d in stream]
+
+    with pytest.raises(TimeoutError, match="no token within 0.05 s"):
+        asyncio.run(asyncio.wait_for(main(), TIMEOUT))

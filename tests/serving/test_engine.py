@@ -126,6 +126,27 @@ def test_a_request_that_can_never_fit_fails_clearly_and_the_others_are_served_on
         engine.add_request(good[0])
 
 
+def test_abort_ends_a_request_wherever_it_is_and_keeps_nothing():
+    """Running, waiting or not yet arrived: its blocks come back at once, and no generator, output
+    or id of it stays behind (a server aborts and forgets requests for as long as it runs)."""
+    engine = make_engine(max_batch=1)
+    seeded = SamplingParams(temperature=1.0, seed=3)
+    running, waiting = Request(tokens(6, 1), 20, params=seeded), Request(tokens(5, 2), 20, params=seeded)
+    later = Request(tokens(5, 3), 4, arrival=5.0)
+    for r in (running, waiting, later):
+        engine.add_request(r)
+    engine.step()
+    assert [s.id for s in engine.scheduler.running] == [running.id] and engine.blocks.allocator.num_used > 0
+    assert [engine.abort(r.id) for r in (running, waiting, later)] == [True] * 3
+    assert not engine.unfinished and engine._generators == {} and engine.outputs == {}
+    assert_no_leak(engine)
+    assert not engine.abort(running.id), "an abort of a request no longer in flight is a no-op"
+    (out,) = engine.run([Request(tokens(5, 4), 3, id=running.id)])  # its id is free again
+    assert out.tokens == alone(Request(tokens(5, 4), 3))
+    engine.outputs.clear()  # what a server does with each finished output
+    engine.add_request(Request(tokens(3, 5), 2, id=running.id))  # no id is kept for ever
+
+
 def test_request_validation():
     with pytest.raises(ValueError, match="max_tokens"):
         Request([1, 2], 0)

@@ -5,11 +5,14 @@ blocks; every bad input is a 4xx naming the field and the server goes on; an API
 enforced; SIGTERM with requests in flight exits 0 within its bound."""
 
 import asyncio
+import contextlib
+import itertools
 import json
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,8 +21,10 @@ import httpx
 import pytest
 
 import minillm
-from minillm.serving.http import create_app
-from minillm.serving.openai_api import render_chat
+from minillm.bench.serve import _last_line, _server_url
+from minillm.serving.http import collect, create_app, sse_events
+from minillm.serving.openai_api import APIError, Job, Piece, render_chat
+from minillm.serving.workload import Request
 from tests.serving.conftest import LiveServer, make_engine
 from tests.test_cli import assert_one_line_error, run_main
 
@@ -28,6 +33,8 @@ NAME = "tiny-serve"
 POOL_BLOCKS = 30  # 480 tokens: less than the context (512), so a request can fit one and not the other
 REPO = Path(__file__).resolve().parents[2]
 ABORTED = 'minillm_requests_finished_total{reason="abort"}'
+STOPPED = 'minillm_requests_finished_total{reason="stop"}'
+E2E_COUNT = "minillm_e2e_request_latency_seconds_count"
 
 
 class Live:
@@ -44,6 +51,14 @@ class Live:
         if found is None and missing is not None:
             return missing
         return float(found.group(1))
+
+    def wait_for(self, name: str, value: float, timeout: float = 10.0) -> None:
+        """Until the metric ``name`` reaches ``value`` (histograms are observed just after a step's
+        state is published)."""
+        deadline = time.monotonic() + timeout
+        while self.metric(name, missing=0.0) < value:
+            assert time.monotonic() < deadline, f"{name} stayed below {value}"
+            time.sleep(0.02)
 
     def wait_until_idle(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -100,9 +115,12 @@ def test_streamed_completion_equals_generate(live):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_stop_strings_stop(live, stream):
+    """The request ends when its stop string comes (long before max_tokens), its blocks freed, and
+    /metrics counts it as finished by a stop, with its end-to-end latency, not as an abort."""
     full = live.tokenizer.decode(live.greedy(live.tokenizer.encode(PROMPT), 40))
     stop = full[len(full) // 2 : len(full) // 2 + 3]
-    kwargs = dict(model=NAME, prompt=PROMPT, max_tokens=40, temperature=0, stop=[stop])
+    before = {name: live.metric(name, missing=0.0) for name in (ABORTED, STOPPED, E2E_COUNT)}
+    kwargs = dict(model=NAME, prompt=PROMPT, max_tokens=300, temperature=0, stop=[stop])
     if stream:
         chunks = [c for c in live.client.completions.create(stream=True, **kwargs) if c.choices]
         text, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
@@ -110,7 +128,9 @@ def test_stop_strings_stop(live, stream):
         choice = live.client.completions.create(**kwargs).choices[0]
         text, reason = choice.text, choice.finish_reason
     assert text == full[: full.index(stop)] and reason == "stop"
-    live.wait_until_idle()  # the request was aborted when its stop string came
+    live.wait_until_idle()  # the request was ended when its stop string came
+    live.wait_for(E2E_COUNT, before[E2E_COUNT] + 1)
+    assert live.metric(STOPPED) == before[STOPPED] + 1 and live.metric(ABORTED, missing=0.0) == before[ABORTED]
 
 
 def test_chat_completion_renders_the_template(live):
@@ -179,8 +199,9 @@ def test_a_client_that_goes_away_frees_its_blocks(live):
     aborted = live.metric(ABORTED, missing=0.0)
     body = {"model": NAME, "prompt": "x", "max_tokens": 470, "temperature": 0, "stream": True}
     with httpx.Client(timeout=30) as client, client.stream("POST", f"{live.url}/v1/completions", json=body) as r:
-        lines = r.iter_lines()
-        assert [next(lines) for _ in range(3)][0].startswith("data: ")
+        lines = r.iter_lines()  # kept: a line iterator collected closes the response, and the client is gone
+        events = [line for line in itertools.islice(lines, 6) if line]  # each event: its line, then a blank one
+        assert len(events) == 3 and all(e.startswith("data: ") for e in events), events
         assert live.metric("minillm_kv_blocks_used") > 0
     live.wait_until_idle()
     assert live.metric(ABORTED) == aborted + 1
@@ -204,6 +225,92 @@ def test_a_client_that_goes_away_before_a_whole_answer_frees_its_blocks_too(live
             time.sleep(0.005)
     live.wait_until_idle()
     assert live.metric(ABORTED) == aborted + 1
+
+
+def test_a_request_when_the_engine_is_not_running_is_a_503(checkpoint):
+    """Shut down (or its loop gone): the engine refuses the request, the client gets an OpenAI
+    error object with a 503, never a request left waiting."""
+    model, tokenizer = minillm.load(checkpoint)
+    engine = make_engine(model)  # never started: what add_request sees once the loop has closed
+    app = create_app(engine, NAME, tokenizer)
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test", timeout=10) as c:
+            return await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+
+    r = asyncio.run(asyncio.wait_for(main(), 10))
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+    assert r.json()["error"]["type"] == "server_error"
+
+
+def test_a_client_gone_before_its_stream_starts_aborts_the_request(checkpoint):
+    """The request is in the engine before the response starts: a client that left in between
+    (the response's first send fails) must not leave it running to its max_tokens."""
+    model, tokenizer = minillm.load(checkpoint)
+    engine = make_engine(model).start()
+    app = create_app(engine, NAME, tokenizer)
+    body = json.dumps({"prompt": "x", "max_tokens": 400, "stream": True, "temperature": 0}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"127.0.0.1")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        raise OSError("the client is gone")
+
+    try:
+        with contextlib.suppress(Exception):  # the app reports the failed send; the request is what matters
+            asyncio.run(asyncio.wait_for(app(scope, receive, send), 30))
+        deadline = time.monotonic() + 30
+        while engine.stats["running"] or engine.stats["waiting"] or engine.stats["kv_blocks_used"]:
+            assert time.monotonic() < deadline, "the request kept running"
+            time.sleep(0.01)
+        assert engine.stats.get("finished_abort") == 1 and engine.stats["generated_tokens"] < 400
+    finally:
+        assert engine.shutdown(30)
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_events_or_a_collected_answer_ended_early_close_the_answer(chat):
+    """Closing the events at any yield, or an engine error while collecting, closes the answer's
+    pieces (whose end aborts the request) at once, not whenever the generator is collected."""
+    closed = []
+
+    async def pieces(error: str | None = None):
+        try:
+            yield Piece("a", [1], [0.0], error=error)
+            yield Piece("b", [2], [0.0])
+        finally:
+            closed.append(True)
+
+    job = Job(Request([1, 2], 5), chat=chat, stream=True)
+
+    async def main():
+        answer = pieces()
+        events = sse_events(job, NAME, answer)
+        assert (await anext(events)).startswith("data: ")  # a chat's first event comes before any piece
+        await events.aclose()
+        assert answer.ag_frame is None, "the answer was left open"
+        answer = pieces(error="boom")
+        with pytest.raises(APIError, match="boom"):
+            await collect(job, NAME, answer)
+        assert answer.ag_frame is None and closed[-1]
+
+    asyncio.run(asyncio.wait_for(main(), 10))
 
 
 BAD = [
@@ -230,6 +337,14 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}, 404, "model", "'gpt-9' does not exist"),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", "'messages' is required"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages[0].role", "role"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        400,
+        "messages[0].content",
+        "list of text parts",
+    ),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi " * 160}]}, 400, "messages", "KV pool"),
     ("/v1/nowhere", {"prompt": "hi"}, 404, None, "no route POST /v1/nowhere"),
 ]
 
@@ -251,15 +366,28 @@ def test_a_wrong_method_is_405_in_the_same_shape(live):
     assert r.status_code == 405 and "GET /v1/completions" in r.json()["error"]["message"]
 
 
-def test_an_api_key_is_required_when_set(checkpoint):
+def test_an_api_key_is_required_when_set(checkpoint, monkeypatch):
+    import anyio.to_thread
+
+    hops, run_sync = [], anyio.to_thread.run_sync  # how Starlette runs a plain def: in a worker thread
+
+    async def counted(func, *args, **kwargs):
+        hops.append(func)
+        return await run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
     model, tokenizer = minillm.load(checkpoint)
     engine = make_engine(model)
     app = create_app(engine, NAME, tokenizer, api_key="s3cret")
     with LiveServer(app, engine) as url:
+        r = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer s3cret"}, timeout=10)
+        assert r.status_code == 200 and hops == [], "the key check must not cost each request a thread hop"
         body = {"prompt": "hi", "max_tokens": 2}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=10)
-            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            error = r.json()["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")  # as OpenAI's
         assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0, timeout=30)
         assert client.completions.create(model=NAME, prompt="hi", max_tokens=2).usage.completion_tokens == 2
@@ -269,43 +397,39 @@ def test_an_api_key_is_required_when_set(checkpoint):
 def test_sigterm_with_requests_in_flight_exits_0_within_the_bound(checkpoint):
     command = [sys.executable, "-m", "minillm", "serve", "--model", str(checkpoint), "--port", "0"]
     command += ["--shutdown-timeout", "0.5", "--threads", "1"]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = []
-        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(60)
-        assert line and "http://" in line[0], proc.stderr.read() if proc.poll() is not None else "no URL printed"
-        url = "http://" + line[0].split("http://")[1].split()[0]
-        started, ended = threading.Barrier(5, timeout=60), []
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe nobody reads: a chatty server never blocks on it
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            url = _server_url(proc, 60, log)
+            started, ended = threading.Barrier(5, timeout=60), []
 
-        def stream_one():
-            body = {"prompt": "x", "max_tokens": 470, "stream": True, "temperature": 0}
-            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
-                lines = r.iter_lines()
-                next(lines)
-                started.wait()
-                ended.append([line for line in lines if line])
+            def stream_one():
+                body = {"prompt": "x", "max_tokens": 470, "stream": True, "temperature": 0}
+                with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+                    lines = r.iter_lines()
+                    next(lines)
+                    started.wait()
+                    ended.append([line for line in lines if line])
 
-        clients = [threading.Thread(target=stream_one, daemon=True) for _ in range(4)]
-        for c in clients:
-            c.start()
-        started.wait()
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0, proc.stderr.read()
-        assert time.monotonic() - t0 < 8
-        for c in clients:
-            c.join(10)
-        assert len(ended) == 4  # every stream ended with its last chunk (aborted) and [DONE], none cut
-        for events in ended:
-            assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "abort"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=20)
-        proc.stdout.close()
-        proc.stderr.close()
+            clients = [threading.Thread(target=stream_one, daemon=True) for _ in range(4)]
+            for c in clients:
+                c.start()
+            started.wait()
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0, _last_line(log)
+            assert time.monotonic() - t0 < 8
+            for c in clients:
+                c.join(10)
+            assert len(ended) == 4  # every stream ended with its last chunk (aborted) and [DONE], none cut
+            for events in ended:
+                assert events[-1] == "data: [DONE]"
+                assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "abort"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=20)
+            proc.stdout.close()
 
 
 def test_serve_without_the_extra_says_what_to_install(checkpoint, capsys, monkeypatch):

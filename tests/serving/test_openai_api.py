@@ -3,9 +3,12 @@ across tokens; chat templates render as Hugging Face renders them; a checkpoint'
 survives saving and loading; and a body becomes the engine request it says."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minillm
-from minillm.serving.openai_api import APIError, ModelInfo, TextStream, parse_job, render_chat
+from minillm.core.tokenizer import TextStream
+from minillm.serving.openai_api import APIError, ModelInfo, parse_job, render_chat
 from tests.serving.conftest import CHAT_TEMPLATE
 
 
@@ -46,11 +49,39 @@ def test_stop_strings_cut_the_text_where_they_begin(tokenizer, stop, expected):
     assert s.stopped == (expected != "def add(a, b):\n    return a + b\n")
 
 
-def test_text_that_may_start_a_stop_string_is_held_back(tokenizer):
-    s = TextStream(tokenizer, ("STOP",))
-    out = "".join(s.push(t) for t in tokenizer.encode("abc ST", add_special_tokens=False))
-    assert out == "abc"  # " ST" may be the start of "STOP": held back
-    assert out + s.finish() == "abc ST"
+@pytest.mark.parametrize(
+    "text, stop, released",
+    [
+        ("abc ST", ("STOP",), "abc "),  # "ST" may be the start of "STOP": held back
+        ("abc d", ("STOP",), "abc d"),  # nothing here begins "STOP": nothing waits
+        ("abc x", ("STOP", "xyz"), "abc "),
+        ("abc SX", ("STOP", "Xa"), "abc S"),
+    ],
+)
+def test_only_text_that_may_start_a_stop_string_is_held_back(tokenizer, text, stop, released):
+    s = TextStream(tokenizer, stop)
+    out = "".join(s.push(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    assert out == released
+    assert out + s.finish() == text
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    text=st.text("ab c\n", max_size=30), stop=st.lists(st.text("ab c", min_size=1, max_size=4), min_size=1, max_size=3)
+)
+def test_a_stop_string_never_leaks_and_nothing_else_waits(tokenizer, text, stop):
+    """What comes out is the text up to the first stop string, never a character of it or after
+    it; and while streaming, the only text held back is a beginning of a stop string."""
+    s, ids, out = TextStream(tokenizer, tuple(stop)), tokenizer.encode(text, add_special_tokens=False), ""
+    for k, token in enumerate(ids):
+        out += s.push(token)
+        if s.stopped:
+            break
+        held = tokenizer.decode(ids[: k + 1])[len(out) :]
+        assert any(x.startswith(held) for x in stop), f"{held!r} waits but begins no stop string"
+    out += s.finish()
+    assert text.startswith(out) and not any(x in out for x in stop)
+    assert any(text[len(out) :].startswith(x) for x in stop) if s.stopped else out == text
 
 
 def test_the_chat_template_is_saved_loaded_and_rendered(tokenizer):
@@ -88,3 +119,25 @@ def test_a_template_error_is_a_400_on_messages(info, tokenizer):
     with pytest.raises(APIError, match="roles must alternate") as e:
         parse_job({"messages": [{"role": "user", "content": "hi"}]}, ModelInfo("s", strict, 300, 64, ()), chat=True)
     assert e.value.param == "messages"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [5, None, [{"type": "text", "text": 5}], ["hi"], [{"type": "text"}], [{"type": "image_url", "image_url": {}}]],
+)
+def test_a_bad_content_part_is_a_400_on_that_message(info, content):
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]}
+    with pytest.raises(APIError, match="must be a string or a list of text parts") as e:
+        parse_job(body, info, chat=True)
+    assert (e.value.status, e.value.param) == (400, "messages[1].content")
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
+def test_a_prompt_larger_than_the_kv_pool_names_the_prompt_not_max_tokens(tokenizer, chat):
+    """The client sent no max_tokens: the error must name what it did send."""
+    small_pool = ModelInfo("tiny-serve", tokenizer, tokenizer.vocab_size, 512, (0,), kv_pool_tokens=20)
+    text = "def add(a, b): return a + b " * 4
+    body = {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
+    with pytest.raises(APIError, match="the KV pool holds 20 tokens") as e:
+        parse_job(body, small_pool, chat)
+    assert (e.value.status, e.value.param, e.value.code) == (400, "messages" if chat else "prompt", "request_too_large")
