@@ -123,7 +123,16 @@ def execute_in_place(paths: list[Path]) -> None:
     for path in paths:
         print(f"executing {path} ...", flush=True)
         nb = execute_notebook(read_notebook(path), cwd=path.parent)
-        path.write_text(dump_notebook(nb), encoding="utf-8")
+        path.write_text(dump_notebook(drop_tagged_stderr(nb)), encoding="utf-8")
+
+
+def drop_tagged_stderr(nb: dict) -> dict:
+    """Cells tagged ``remove-stderr`` (a library's debug lines, e.g. the profiler's) are saved
+    without their stderr, as the book would hide it anyway."""
+    for cell in nb["cells"]:
+        if "remove-stderr" in cell.get("metadata", {}).get("tags", []):
+            cell["outputs"] = [o for o in cell.get("outputs", []) if o.get("name") != "stderr"]
+    return nb
 
 
 if __name__ == "__main__":  # python -m minillm.book.exercises [--execute NB ...] | [solutions exercises]

@@ -3,6 +3,7 @@ checks (the notebooks themselves run under nbval), and every exercise's check fa
 solution. The checkers also reject plausible wrong answers."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -52,8 +53,8 @@ def test_a_stub_says_what_to_implement():
 
 
 def _stub_messages(source: str) -> list:
-    """The argument of every ``raise NotImplementedError(...)`` in a cell (a %pip magic read as a pass)."""
-    code = "\n".join(line.replace("%pip", "pass  #") for line in source.splitlines())
+    """The argument of every ``raise NotImplementedError(...)`` in a cell (a magic line read as a pass)."""
+    code = "\n".join(re.sub(r"^(\s*)%.*", r"\1pass", line) for line in source.splitlines())
     raises = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)]
     return [n.exc.args for n in raises if getattr(n.exc.func, "id", "") == "NotImplementedError"]
 
@@ -127,3 +128,19 @@ def test_greedy_checker_rejects_a_loop_that_reads_the_wrong_position():
 
     with pytest.raises(checks.CheckFailed, match="last"):
         checks.check_greedy_generate(first_position_argmax, model, [1, 2, 3])
+
+
+def test_a_cell_tagged_remove_stderr_is_saved_without_it():
+    out = [
+        {"output_type": "stream", "name": "stderr", "text": "debug"},
+        {"output_type": "stream", "name": "stdout", "text": "ok"},
+    ]
+    nb = {
+        "cells": [
+            {"cell_type": "code", "metadata": {"tags": ["remove-stderr"]}, "outputs": list(out)},
+            {"cell_type": "code", "metadata": {}, "outputs": list(out)},
+        ]
+    }
+    ex.drop_tagged_stderr(nb)
+    assert [o["name"] for o in nb["cells"][0]["outputs"]] == ["stdout"]
+    assert len(nb["cells"][1]["outputs"]) == 2
