@@ -239,5 +239,7 @@ def add_bench_serve(kinds) -> None:
     p.add_argument("--slo-tpot", type=float, default=0.05, help="SLO on TPOT, seconds (default: 0.05)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
-    p.add_argument("--no-save", action="store_true", help="do not save them to results/<hardware>/bench_serve.json")
+    p.add_argument(
+        "--no-save", action="store_true", help="do not save them to minillm/results/<hardware>/bench_serve.json"
+    )
     p.set_defaults(handler=cmd_bench_serve)

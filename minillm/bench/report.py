@@ -221,7 +221,7 @@ def format_table(
             part = []
         part.append(i)
     parts.append(part)
-    out = [part for line in (title or "").splitlines() for part in wrap_line(line, width)]
+    out = [piece for line in (title or "").splitlines() for piece in wrap_line(line, width)]
     for n, part in enumerate(parts):
         shown = [*range(keys), *part]
         if n:

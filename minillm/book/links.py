@@ -11,7 +11,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from .nbfiles import cell_source, dump_notebook, read_notebook
+from .nbfiles import cell_source, dump_notebook, python_source, read_notebook
 
 BADGE = re.compile(
     r"\[!\[Open in Colab\]\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)\]"
@@ -92,9 +92,7 @@ def chapter_modules(nb: dict) -> list[str]:
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
-        lines = cell_source(cell).splitlines()  # IPython magics (%pip, !ls) become `pass`, keeping the indentation
-        code = "\n".join(re.sub(r"^(\s*)[%!].*", r"\1pass", line) for line in lines)
-        tree = ast.parse(code)
+        tree = ast.parse(python_source(cell))
         parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("minillm", "kernels"):

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 
 def cell_source(cell: dict) -> str:
     src = cell.get("source", "")
     return "".join(src) if isinstance(src, list) else src
+
+
+def python_source(cell: dict) -> str:
+    """A code cell's source as plain Python: IPython magic and shell lines (``%pip``,
+    ``%%needs triton``, ``!ls``) become ``pass``, keeping their indentation, so ``ast`` can read it."""
+    return "\n".join(re.sub(r"^(\s*)[%!].*", r"\1pass", line) for line in cell_source(cell).splitlines())
 
 
 def read_notebook(path: Path) -> dict:

@@ -12,14 +12,13 @@ import importlib.util
 import os
 import platform
 import random
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..bench.report import PAGE_WIDTH, join_fitting, load_results
+from ..bench.report import join_fitting, load_results, wrap_line
 from ..core.device import best_device, hardware_description, set_threads_from_env
 from ..viz.style import set_plot_style
 
@@ -102,7 +101,7 @@ def needs(line: str, cell: str) -> None:
     missing = missing_modules(line.split())
     if missing:
         hints = "; ".join(INSTALL_HINTS.get(name, f"pip install {name}") for name in missing)
-        print(textwrap.fill(f"Skipped: needs {', '.join(missing)}, not installed ({hints}).", PAGE_WIDTH))
+        print("\n".join(wrap_line(f"Skipped: needs {', '.join(missing)}, not installed ({hints}).")))
         return
     get_ipython().run_cell(cell).raise_error()
 

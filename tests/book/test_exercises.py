@@ -3,7 +3,6 @@ checks (the notebooks themselves run under nbval), and every exercise's check fa
 solution. The checkers also reject plausible wrong answers."""
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -54,7 +53,7 @@ def test_a_stub_says_what_to_implement():
 
 def _stub_messages(source: str) -> list:
     """The argument of every ``raise NotImplementedError(...)`` in a cell (a magic line read as a pass)."""
-    code = "\n".join(re.sub(r"^(\s*)%.*", r"\1pass", line) for line in source.splitlines())
+    code = nbfiles.python_source({"source": source})
     raises = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)]
     return [n.exc.args for n in raises if getattr(n.exc.func, "id", "") == "NotImplementedError"]
 

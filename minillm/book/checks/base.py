@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import torch
 
-from ...bench.report import PAGE_WIDTH
+from ...bench.report import wrap_line
 
 
 class CheckFailed(AssertionError):
@@ -14,7 +12,7 @@ class CheckFailed(AssertionError):
 
 
 def passed(name: str, detail: str) -> None:
-    print(textwrap.fill(f"PASSED {name}: {detail}", PAGE_WIDTH, subsequent_indent="  "))
+    print("\n".join(wrap_line(f"PASSED {name}: {detail}", indent="  ")))
 
 
 def require(ok: bool, name: str, hint: str) -> None:
