@@ -31,9 +31,12 @@ from .cli import (
     bad_input,
     parse_device,
 )
+from .compression import SCHEMES, model_bytes, quantize
+from .compression.quant import quantized_layers
+from .compression.saving import is_quantized_checkpoint, load_quantized
 from .core.checkpoints import BUNDLED_DIR, bundled_models, load
 from .core.config import PRESETS, ModelConfig
-from .core.device import set_threads, threads_label
+from .core.device import best_device, set_threads, threads_label
 from .core.generate import GenerationResult, check_max_new_tokens, generate
 from .core.hf_config import config_from_hf
 from .core.model import Transformer
@@ -63,7 +66,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_max_new_tokens(args.max_new_tokens)
     device = parse_device(args.device)
     with bad_input():
-        model, tokenizer = load(args.model, device=device, dtype=DTYPES[args.dtype] if args.dtype else None)
+        model, tokenizer = load_for_generate(args, device)
     if tokenizer is None:
         raise CliError(f"{args.model} has no tokenizer.json, so text cannot be encoded; pick a model that has one")
     stream = StreamDecoder(tokenizer)
@@ -87,6 +90,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(stream.flush())
     print(timing_line(result, model))
     return 0
+
+
+def load_for_generate(args: argparse.Namespace, device: str | None) -> tuple[Transformer, object]:
+    """The model to generate with: loaded (a quantized checkpoint as such), then quantized when
+    ``--quantize`` asks. On a CPU a quantized model computes in bf16 unless --dtype says
+    otherwise: PyTorch's packed int8/int4 CPU kernels are fast in bf16 only."""
+    dtype = DTYPES[args.dtype] if args.dtype else None
+    if args.group_size is not None and args.quantize != "int4":
+        raise ValueError("--group-size applies to --quantize int4")
+    if is_quantized_checkpoint(args.model):
+        if args.quantize:
+            raise ValueError(f"{args.model} is already quantized: drop --quantize")
+        return load_quantized(args.model, device=device, dtype=dtype)
+    quantizing = args.quantize is not None
+    cpu = torch.device(device or best_device()).type == "cpu"
+    model, tokenizer = load(args.model, device=device, dtype=dtype or (torch.bfloat16 if quantizing and cpu else None))
+    if quantizing:
+        quantize(model, args.quantize, args.group_size)
+        paths = sorted({layer.path for layer in quantized_layers(model).values()} - {"reference"})
+        kernel = f", kernels: {', '.join(paths)}" if paths else ""
+        print(f"quantized to {args.quantize}: {model_bytes(model) / 1e6:.1f} MB{kernel}", file=sys.stderr)
+    return model, tokenizer
 
 
 def timing_line(result: GenerationResult, model: Transformer) -> str:
@@ -274,6 +299,13 @@ def add_generate(commands) -> None:
         default=None,
         help="weights' dtype (default: float32 on a CPU, the checkpoint's own on a GPU)",
     )
+    p.add_argument(
+        "--quantize",
+        choices=SCHEMES,
+        default=None,
+        help="weight-only quantization (round to nearest) before generating; on a CPU in bf16 by default",
+    )
+    p.add_argument("--group-size", type=int, default=None, help="int4 weights per scale (default: 128)")
     add_threads_option(p)
     p.set_defaults(handler=cmd_generate)
 

@@ -15,6 +15,8 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 import minillm
 from minillm.__main__ import main
 from minillm.bench import generation as bench
+from minillm.compression import quantize
+from minillm.compression.saving import save_quantized
 from minillm.core.tokenizer import Tokenizer
 from tests.conftest import tiny_model
 
@@ -124,6 +126,29 @@ def test_generate_with_sampling_options(checkpoint, capsys):
     assert first[0] == 0, first[2]
     assert "bfloat16" in first[1]
     assert first[1].splitlines()[0] == second[1].splitlines()[0], "a seed should reproduce the text"
+
+
+def test_generate_quantized_then_from_a_saved_quantized_checkpoint(checkpoint, tmp_path, capsys):
+    argv = ["generate", "--model", str(checkpoint), "--prompt", "def add(a, b):", "--max-new-tokens", "6"]
+    status, out, err = run_main([*argv, "--device", "cpu", "--quantize", "int4", "--group-size", "16"], capsys)
+    assert status == 0, err
+    assert "quantized to int4" in err and "MB" in err
+    assert "bfloat16" in out.splitlines()[-1]  # a CPU computes a quantized model in bf16 by default
+    model, tokenizer = minillm.load(checkpoint, device="cpu", dtype=torch.bfloat16)
+    save_quantized(quantize(model, "int8"), tmp_path / "q", tokenizer)
+    status, out, err = run_main(
+        ["generate", "--model", str(tmp_path / "q"), "--prompt", "def", "--device", "cpu"], capsys
+    )
+    assert status == 0, err
+    assert out.startswith("def") and "new tokens" in out
+    status, _, err = run_main(
+        ["generate", "--model", str(tmp_path / "q"), "--prompt", "a", "--quantize", "int4"], capsys
+    )
+    assert_one_line_error(status, err, "already quantized")
+    status, _, err = run_main([*argv, "--quantize", "int8", "--group-size", "16"], capsys)
+    assert_one_line_error(status, err, "--group-size applies to --quantize int4")
+    status, _, err = run_main([*argv, "--quantize", "int4", "--group-size", "15"], capsys)
+    assert_one_line_error(status, err, "group_size must be a positive even integer")
 
 
 def assert_one_line_error(status: int, err: str, *words: str) -> None:

@@ -215,9 +215,17 @@ class QuantizedLinear(nn.Module):
         self.scales.copy_(scale)
         self._fast.clear()
 
-    def _apply(self, fn, recurse=True):  # .to(device) moves the buffers; the derived layouts go
+    def _apply(self, fn, recurse=True):
+        """``.to(device)`` moves the stored tensors; ``.to(dtype)`` (or ``.half()``) changes the
+        compute dtype only: the codes, scales and zero points keep their stored dtypes."""
+        stored = {n: getattr(self, n) for n in ("qweight", "scales", "zeros") if hasattr(self, n)}
+        super()._apply(fn, recurse)
+        for name, before in stored.items():
+            after = getattr(self, name)
+            if after.dtype != before.dtype:
+                setattr(self, name, before.to(after.device))
         self._fast = {}
-        return super()._apply(fn, recurse)
+        return self
 
     # -- the reference path -----------------------------------------------------------------
 
@@ -264,7 +272,8 @@ class Kernel:
 
 
 def _cpu_int8(layer: QuantizedLinear, dtype: torch.dtype) -> Kernel | None:
-    if not hasattr(torch, "_weight_int8pack_mm"):
+    """torch's int8 kernel reads K in steps of 8: other K give wrong sums (and can crash)."""
+    if not hasattr(torch, "_weight_int8pack_mm") or layer.in_features % 8:
         return None
     scales = layer.scales.to(dtype)
     return Kernel("torch int8pack", lambda x: torch._weight_int8pack_mm(x, layer.qweight, scales))
@@ -276,17 +285,19 @@ def _cpu_int4(layer: QuantizedLinear, dtype: torch.dtype) -> Kernel | None:
     g, k = layer.spec.group_size, layer.qweight.shape[1] * 2
     if not hasattr(torch, "_weight_int4pack_mm_for_cpu") or g not in (32, 64, 128, 256) or k % g:
         return None
-    codes = unpack_int4(layer.qweight).to(torch.int32)
+    n, k_in = layer.out_features, layer.in_features
+    rows = -n % 16  # the kernel packs 16 output rows at a time: pad with rows of zeros, cut back after
+    codes = F.pad(unpack_int4(layer.qweight).to(torch.int32), (0, 0, 0, rows))
     packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
-    s = layer.scales.float()
-    m = (8 - layer.zeros.float()) * s
-    sz = torch.stack([s, m], dim=-1).transpose(0, 1).contiguous().to(dtype)  # (G, N, 2)
-    k_in = layer.in_features
+    s = F.pad(layer.scales.float(), (0, 0, 0, rows))
+    m = (8 - F.pad(layer.zeros.float(), (0, 0, 0, rows))) * s
+    sz = torch.stack([s, m], dim=-1).transpose(0, 1).contiguous().to(dtype)  # (G, N + rows, 2)
 
     def run(x: Tensor) -> Tensor:
-        if k != k_in:  # the padding of a last, short group: its codes are zeros-of-the-group
+        if k != k_in:  # the padding of a last, short group: zero inputs meet its codes
             x = F.pad(x, (0, k - k_in))
-        return torch._weight_int4pack_mm_for_cpu(x.contiguous(), packed, g, sz)
+        y = torch._weight_int4pack_mm_for_cpu(x.contiguous(), packed, g, sz)
+        return y[:, :n] if rows else y
 
     return Kernel("torch int4pack", run)
 
@@ -403,8 +414,21 @@ def quantize(
         from .awq import awq_quantize
 
         awq_quantize(model, spec, calibration, targets, **method_options)
+    prepare_kernels(model)
     model.quantization = {"scheme": spec.scheme, "group_size": spec.group_size, "method": method, "skip": list(skip)}
     return model
+
+
+def prepare_kernels(model: nn.Module, dtype: torch.dtype | None = None) -> None:
+    """Pack every quantized layer for its fast kernel now (device of its weights, ``dtype`` of the
+    activations, by default the model's), so that the first forward is not slowed by it."""
+    if dtype is None:
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    for layer in quantized_layers(model).values():
+        key = (layer.qweight.device, dtype)
+        if key not in layer._fast:
+            layer._fast[key] = fast_kernel(layer, *key)
+            layer.path = layer._fast[key].name if layer._fast[key] is not None else "reference"
 
 
 def model_bytes(model: nn.Module) -> int:

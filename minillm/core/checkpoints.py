@@ -224,6 +224,18 @@ def load_model(directory: Path, device=None, dtype: torch.dtype | None = None) -
     if not cfg_path.is_file():
         raise CheckpointError(f"no config.json in {directory}")
     raw = read_json(cfg_path)
+    quant = raw.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "minillm":
+        raise CheckpointError(
+            f"{directory} holds a model quantized by minillm ({quant.get('scheme')}): load it with "
+            "minillm.compression.load_quantized, which rebuilds its quantized layers"
+        )
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise CheckpointError(
+            f"{directory} is a quantized checkpoint ({method}), a format minillm does not read; load the "
+            "unquantized model and quantize it with minillm.compression.quantize"
+        )
     gen = directory / "generation_config.json"
     if gen.is_file():  # generation_config.json's eos often lists more stop tokens than config.json's
         eos = read_json(gen).get("eos_token_id")
@@ -277,8 +289,11 @@ def save_pretrained(
     directory: str | os.PathLike,
     tokenizer: Tokenizer | None = None,
     extra_files: dict[str, str] | None = None,
+    extra_config: dict | None = None,
 ) -> Path:
-    """Write ``model`` as a LlamaForCausalLM checkpoint that both minillm and transformers load."""
+    """Write ``model`` as a LlamaForCausalLM checkpoint that both minillm and transformers load.
+
+    ``extra_config`` adds entries to config.json (a quantized model records its scheme there)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     config = model.config
@@ -287,10 +302,11 @@ def save_pretrained(
         for k, v in to_hf_state_dict(model.state_dict(), config).items()
     }
     if config.tie_embeddings:
-        state.pop("lm_head.weight")
+        state.pop("lm_head.weight", None)  # absent when the head was replaced (e.g. quantized)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     hf = config_to_hf(config)
     hf["torch_dtype"] = str(model.dtype).removeprefix("torch.")
+    hf.update(extra_config or {})
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     gen = {"bos_token_id": config.bos_token_id, "eos_token_id": hf["eos_token_id"], "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")

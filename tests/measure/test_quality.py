@@ -7,7 +7,7 @@ import torch
 
 from minillm import KVCache
 from minillm.kv.compressed import SlidingWindowCache
-from minillm.measure.quality import mean_perplexity, streaming_loss
+from minillm.measure.quality import greedy_agreement, logit_difference, mean_perplexity, perplexity, streaming_loss
 from tests.conftest import tiny_model
 
 
@@ -32,3 +32,28 @@ def test_mean_perplexity_is_the_exp_of_the_mean_loss_with_a_fresh_cache_per_segm
 
     assert mean_perplexity(model, segments, make_cache, chunk=5) == pytest.approx(math.exp(sum(losses) / 2), rel=1e-5)
     assert len(made) == 2 and all(c.length == 29 for c in made)
+
+
+def test_perplexity_is_the_exp_of_the_mean_window_loss():
+    model = tiny_model(seed=5)
+    ids = torch.randint(0, 97, (3 * 16 + 1,), generator=torch.Generator().manual_seed(0))
+    windows = ids.unfold(0, 17, 16)  # the three windows of 16 inputs and their next tokens
+    logits = model(windows[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+    assert perplexity(model, ids, seq_len=16, batch_size=2) == pytest.approx(math.exp(loss.item()), rel=1e-5)
+    with pytest.raises(ValueError, match="do not fill one window"):
+        perplexity(model, ids[:10], seq_len=16)
+
+
+def test_a_model_agrees_with_itself_and_differs_from_another():
+    model, other = tiny_model(seed=6), tiny_model(seed=7)
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    same = logit_difference(model, model, ids)
+    assert same["max_abs"] == 0 and same["argmax_agreement"] == 1
+    diff = logit_difference(other, model, ids)
+    assert diff["max_abs"] > 0 and diff["mean_abs"] <= diff["max_abs"]
+    prompts = [[1, 2, 3], [4, 5]]
+    assert greedy_agreement(model, model, prompts, new_tokens=6) == 1.0
+    assert greedy_agreement(other, model, prompts, new_tokens=6) < 1.0
+    with pytest.raises(ValueError, match="new_tokens"):
+        greedy_agreement(model, model, prompts, new_tokens=0)
