@@ -17,6 +17,7 @@ from ..measure.metrics import SLO
 from . import generation as bench
 from . import report
 from .batching import BatchingBench, bench_batching, format_batching
+from .compression import TECHNIQUE_NAMES, CompressionBench, bench_compression, format_compression
 from .decoding import DecodingBench, bench_decoding, format_decoding
 from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
 from .serve import ServeBench, bench_serve, format_serve
@@ -197,8 +198,61 @@ def add_bench(commands) -> None:
     p.set_defaults(handler=cmd_bench_decoding)
     add_bench_batching(kinds)
     add_bench_serve(kinds)
+    add_bench_compression(kinds)
     for benchmark in kinds.choices.values():  # every benchmark honours --threads (and MINILLM_THREADS)
         add_threads_option(benchmark)
+
+
+def cmd_bench_compression(args: argparse.Namespace) -> int:
+    with bad_input():
+        o = CompressionBench(
+            shape=args.shape,
+            model=args.model,
+            techniques=args.techniques or TECHNIQUE_NAMES,
+            batches=args.batches,
+            context=args.context,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            device=parse_device(args.device),
+            progress=not args.no_progress,
+            measure_speed=not args.no_speed,
+            measure_quality=not args.no_quality,
+        )
+    print(
+        f"compression: speed on a random {o.shape}, quality on {o.model} ({_where(o.device)})...",
+        file=sys.stderr,
+        flush=True,
+    )
+    with bad_input():
+        figures = bench_compression(o)
+    print(format_compression(figures))
+    if args.json:
+        write_json(args.json, figures)
+    if not args.no_save:
+        print(f"figures saved to {report.save_result('bench_compression', figures)}")
+    return 0
+
+
+def add_bench_compression(kinds) -> None:
+    p = kinds.add_parser("compression", help="quantization and pruning: bytes, decode tokens/s, quality")
+    p.add_argument("--shape", default="SmolLM2-360M", help="random-weight shape timed (default: SmolLM2-360M)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"trained model for quality (default: {DEFAULT_MODEL})")
+    p.add_argument(
+        "--techniques", nargs="+", default=None, metavar="NAME", help=f"a subset of: {'; '.join(TECHNIQUE_NAMES)}"
+    )
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16], help="decode batch sizes (default: 1 16)")
+    p.add_argument("--context", type=int, default=128, help="tokens in the cache while decoding (default: 128)")
+    p.add_argument("--new-tokens", type=int, default=8, help="decode steps per timed run (default: 8)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs, taking turns (default: 3)")
+    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
+    p.add_argument("--no-speed", action="store_true", help="skip the timed tables")
+    p.add_argument("--no-quality", action="store_true", help="skip the quality table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument(
+        "--no-save", action="store_true", help="do not save them to minillm/results/<hardware>/bench_compression.json"
+    )
+    p.set_defaults(handler=cmd_bench_compression)
 
 
 def add_bench_batching(kinds) -> None:

@@ -1,0 +1,46 @@
+"""Checkers for chapter 12: int4 group quantization with zero points, a 2:4 mask, the
+distillation loss with its temperature."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ...compression.quant import dequantize_int4, quantize_int4
+from .base import close, passed, require
+
+
+def check_int4_groups(quantize: Callable, dequantize: Callable) -> None:
+    """quantize(w (N, K), group_size) -> (codes (N, K) ints in 0..15, scale (N, G), zero (N, G));
+    dequantize(codes, scale, zero, group_size) -> w (N, K) approximately."""
+    name = "int4 group quantization"
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(6, 64, generator=gen) * torch.logspace(-1, 1, 64, dtype=torch.float32)  # uneven columns
+    w[2, 5] = 12.0  # an outlier: only its own group should suffer
+    codes, scale, zero = quantize(w, 16)
+    require(tuple(codes.shape) == (6, 64), name, f"codes must be (N, K) = (6, 64), got {tuple(codes.shape)}")
+    require(tuple(scale.shape) == (6, 4), name, f"one scale per group of 16: shape (6, 4), got {tuple(scale.shape)}")
+    require(tuple(zero.shape) == (6, 4), name, f"one zero point per group: shape (6, 4), got {tuple(zero.shape)}")
+    c = codes.float()
+    require(bool((c == c.round()).all() and c.min() >= 0 and c.max() <= 15), name, "codes are integers in 0..15")
+    z = zero.float()
+    require(bool((z == z.round()).all() and z.min() >= 0 and z.max() <= 15), name, "zero points are codes: 0..15")
+    back = dequantize(codes, scale, zero, 16).float()
+    require(tuple(back.shape) == (6, 64), name, f"dequantize must return (6, 64), got {tuple(back.shape)}")
+    steps = scale.float().repeat_interleave(16, dim=1)
+    hint = "every weight within half a step (scale / 2) of its original: w ~ (code - zero) * scale"
+    require(bool(((back - w).abs() <= steps / 2 + 1e-4).all()), name, hint)
+    hint = "use all 16 codes: scale = (max - min) / 15 over each group (the range widened to include 0)"
+    require(bool((c.view(6, 4, 16).amax(-1) - c.view(6, 4, 16).amin(-1) >= 14).all()), name, hint)
+    ref = dequantize_int4(*quantize_int4(w, 16), 64)
+    mine, ours = (back - w).abs().mean().item(), (ref - w).abs().mean().item()
+    require(mine <= 1.1 * ours, name, f"mean error {mine:.4f} vs {ours:.4f} for min/max groups: check the rounding")
+    worst = (back - w).abs().view(6, 4, 16).amax(-1)  # (N, G): the largest error of each group
+    others = torch.cat([worst[:2], worst[3:]])
+    hint = "the outlier w[2, 5] should widen only its own group's step: scale each group by its own range"
+    require(
+        bool(worst[2, 0] > 5 * others[:, 0].max() and worst[2, 1:].le(others[:, 1:].amax(0) * 1.5).all()), name, hint
+    )
+    require(close(dequantize(codes, scale, zero, 16)[w == 0], torch.zeros(int((w == 0).sum()))), name, "0 stays 0")
+    passed(name, "codes 0..15, zero points, within half a step per group; the outlier hurts its group only")
