@@ -29,6 +29,10 @@ from torch import Tensor, nn
 
 SCHEMES = ("int8", "int4", "fp8")
 METHODS = ("rtn", "gptq", "awq")
+# method -> fn(model, spec, calibration, targets, **options). gptq.py and awq.py build on this
+# module's format, so this module does not import them (that would be a cycle): the package's
+# __init__ fills this in.
+CALIBRATED_METHODS: dict[str, Callable] = {}
 INT4_DEFAULT_GROUP = 128
 FP8_MAX = 448.0  # the largest finite float8 e4m3 value
 
@@ -406,14 +410,8 @@ def quantize(
     if method == "rtn":
         for name, linear in targets.items():
             replace_module(model, name, QuantizedLinear.from_linear(linear, spec))
-    elif method == "gptq":
-        from .gptq import gptq_quantize
-
-        gptq_quantize(model, spec, calibration, targets, **method_options)
     else:
-        from .awq import awq_quantize
-
-        awq_quantize(model, spec, calibration, targets, **method_options)
+        CALIBRATED_METHODS[method](model, spec, calibration, targets, **method_options)
     prepare_kernels(model)
     model.quantization = {"scheme": spec.scheme, "group_size": spec.group_size, "method": method, "skip": list(skip)}
     return model
