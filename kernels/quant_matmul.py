@@ -86,7 +86,7 @@ def _quant_matmul_kernel(
     k_per_split,
     GROUPED: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    ATOMIC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -131,10 +131,10 @@ def _quant_matmul_kernel(
         acc = acc * tl.load(S + offs_n * ssn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y_ptrs = Y + offs_m[:, None] * sym + offs_n[None, :] * syn
     out_ok = row_ok[:, None] & col_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=out_ok)
-    else:
+    if ATOMIC:
         tl.atomic_add(y_ptrs, acc, mask=out_ok)  # Y is fp32, zeroed: the K slices add up
+    else:
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=out_ok)
 
 
 def _largest_block_k(group_size: int, cap: int) -> int:
@@ -186,13 +186,16 @@ def _launch(x: Tensor, q: Tensor, s: Tensor, z: Tensor, n: int, k: int, group_si
     x2 = x.reshape(-1, k)  # (M, K), any strides
     m = x2.shape[0]
     t = tiles or default_tiles(m, n, k, x.dtype, x.device, group_size)
-    if group_size and group_size % t.block_k:
-        raise ValueError(f"block_k {t.block_k} must divide the int4 group size {group_size}")
+    if group_size and (group_size % t.block_k or t.block_k < 32):
+        raise ValueError(f"block_k {t.block_k} must divide the int4 group size {group_size} and be >= 32")
     k_per_split = triton.cdiv(triton.cdiv(k, t.split_k), t.block_k) * t.block_k  # whole K tiles per slice
     split = triton.cdiv(k, k_per_split)
-    y = (torch.zeros if split > 1 else torch.empty)(
-        m, n, device=x.device, dtype=torch.float32 if split > 1 else x.dtype
-    )
+    if split > 1:  # the K slices add atomically into an fp32 sum
+        y = torch.zeros(m, n, device=x.device, dtype=torch.float32)
+    else:
+        y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0:
+        return y.to(x.dtype).view(*x.shape[:-1], n)
     grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), split)
     s2 = s if s.dim() == 2 else s[:, None]  # (N, G) or (N, 1)
     _quant_matmul_kernel[grid](
@@ -212,7 +215,7 @@ def _launch(x: Tensor, q: Tensor, s: Tensor, z: Tensor, n: int, k: int, group_si
         k_per_split,
         GROUPED=group_size > 0,
         GROUP_SIZE=max(group_size, 1),
-        SPLIT_K=split,
+        ATOMIC=split > 1,
         BLOCK_M=t.block_m,
         BLOCK_N=t.block_n,
         BLOCK_K=t.block_k,

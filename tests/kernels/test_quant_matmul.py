@@ -82,7 +82,7 @@ def test_kernel_matches_dequantize_then_linear(shape, scheme, dtype):
 @pytest.mark.parametrize("scheme", ["int8", "int4-g64"])
 def test_other_tiles_and_split_k(scheme, tiles):
     """The GPU's decode tiles split K over programs that add into an fp32 output: any split
-    (one of them empty here: 3 slices of 64 for K = 150) and tile shape gives the same sums."""
+    (K = 150: the last slice shorter than the others) and tile shape gives the same sums."""
     x = torch.randn(17, 150, generator=torch.Generator().manual_seed(1)).to(DEVICE)  # (M, K)
     out, ref = _run(scheme, _weight(40, 150, seed=2), x, tiles)
     assert _rel_err(out, ref) < REL_TOL[torch.float32]
@@ -92,6 +92,7 @@ def test_leading_dims_are_kept():
     q, s = quantize_int8(_weight(8, 64, seed=3).to(DEVICE))
     x = torch.randn(2, 3, 64, device=DEVICE)  # (B, T, K)
     assert torch.allclose(int8_matmul(x, q, s), F.linear(x, dequantize_int8(q, s)), atol=1e-5)
+    assert int8_matmul(x[:, :0], q, s).shape == (2, 0, 8)  # no rows: nothing to launch
 
 
 def test_bad_inputs_are_rejected():
@@ -169,3 +170,23 @@ def test_candidates_prefer_pytorchs_int4_kernel_and_the_triton_int8_one():
     layer = QuantizedLinear(64, 8, QuantSpec("int4", 32))
     with pytest.raises(cuda_kernels.Unsupported, match="bf16"):
         cuda_kernels.torch_int4(layer, torch.float16)
+
+
+def test_cuda_kernel_passes_over_candidates_that_do_not_apply_or_disagree(monkeypatch):
+    """The first candidate does not apply, the second computes the wrong product: the Triton
+    kernel serves, and why the others did not is recorded."""
+
+    def unsupported(layer, dtype):
+        raise cuda_kernels.Unsupported("not on this GPU")
+
+    def wrong(layer, dtype):
+        return cuda_kernels.Kernel("wrong", lambda x: 2 * layer.forward_reference(x))
+
+    trio = [("unsupported", unsupported), ("wrong", wrong), ("triton int8", cuda_kernels.triton_kernel)]
+    monkeypatch.setattr(cuda_kernels, "candidates", lambda layer, dtype: trio)
+    monkeypatch.setattr(cuda_kernels, "rejected", {})
+    layer = QuantizedLinear.from_linear(torch.nn.Linear(64, 16).to(DEVICE), QuantSpec.make("int8"))
+    kernel = cuda_kernels.cuda_kernel(layer, torch.float32)
+    assert kernel is not None and kernel.name == "triton int8"
+    assert cuda_kernels.rejected["unsupported"] == "not on this GPU"
+    assert cuda_kernels.rejected["wrong"].startswith("disagreed") and len(cuda_kernels.rejected) == 2
