@@ -9,8 +9,9 @@ the layer to the reference path. The order, per scheme:
   (``torch._weight_int4pack_mm``, written for gpt-fast), then the Triton kernel
   (``kernels.quant_matmul``). Other dtypes: the Triton kernel only; tinygemm is bf16 only.
 - int8: the Triton kernel, then ``torch._weight_int8pack_mm``. PyTorch's CUDA version of the
-  latter (aten/src/ATen/native/cuda/int8mm.cu) runs one thread per output element, each
-  reading its weight row serially after casting x to fp32: it works, but no decode-speed kernel.
+  latter (aten/src/ATen/native/cuda/int8mm.cu, as read at commit 01f9ef3) runs one thread per
+  output element, each reading its weight row serially after casting x to fp32: correct, but
+  not written for decode speed (the GPU check times both).
 - fp8 (e4m3 weights, activations in 16 bits), compute capability >= 8.9: the Triton kernel.
   ``torch._scaled_mm`` wants fp8 activations too, which is not weight-only quantization.
 
