@@ -5,6 +5,9 @@
 - ``paged_attention``: the decode kernel that reads K/V through block tables (PagedAttention,
   Kwon et al., 2023), against ``minillm.kv.paged.paged_attention_decode``.
 - ``rmsnorm``: RMSNorm fused with the residual add, against ``minillm.core.model.rms_norm_reference``.
+- ``quant_matmul``: weight-only int8 / int4 / fp8 matmul that dequantizes in registers, against
+  dequantize-then-``F.linear`` (``minillm.compression.quant``); ``minillm.compression.cuda_kernels``
+  chooses between it and PyTorch's own packed kernels.
 
 The ``"triton"`` attention backend that picks the kernel or falls back to SDPA is
 ``minillm.core.attention``; correctness and speed on a CUDA machine are ``minillm.bench.gpu``

@@ -31,6 +31,8 @@ GOALS = {
     "attention_vs_sdpa": "fused attention >= SDPA (flash) TFLOP/s at hd 128, seq 4k, causal, bf16",
     "paged_bandwidth": "paged decode >= 70% of the measured copy bandwidth",
     "compiled_decode_mbu": "compiled decode MBU >= 60%",
+    "int8_decode_speedup": "int8 weight-only decode >= 1.4x bf16 tokens/s at batch 1 (CUDA graphs)",
+    "int4_decode_speedup": "int4 (g128) weight-only decode >= 1.8x bf16 tokens/s at batch 1 (CUDA graphs)",
 }
 
 

@@ -32,7 +32,7 @@ output error on that group's inputs kept (the format's range always includes 0, 
 asymmetric range shrinks at both ends). The stored format is RTN int4 of the scaled, clipped
 weight: ``QuantizedLinear.from_linear``.
 
-``awq_quantize`` runs it layer by layer over a model (``quant.quantize(method="awq")``): the
+``awq_quantize`` runs it layer by layer over a model (``transform.quantize(method="awq")``): the
 statistics of block i are those of its inputs with blocks < i already quantized.
 """
 

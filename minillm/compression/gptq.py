@@ -21,7 +21,7 @@ one fp16 scale and one zero point per group of ``group_size`` input weights, com
 group's *current* weights (already updated by the errors of the columns before it) when the
 first column of the group comes up. With H = identity nothing is compensated and GPTQ is RTN.
 
-``gptq_quantize`` runs it layer by layer over a model (``quant.quantize(method="gptq")``).
+``gptq_quantize`` runs it layer by layer over a model (``transform.quantize(method="gptq")``).
 """
 
 from __future__ import annotations

@@ -20,19 +20,16 @@ Calibrated methods (GPTQ, AWQ) decide *which* codes to store; they live in ``gpt
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .fastpath import Kernel, check_kernel
+
 SCHEMES = ("int8", "int4", "fp8")
-METHODS = ("rtn", "gptq", "awq")
-# method -> fn(model, spec, calibration, targets, **options). gptq.py and awq.py build on this
-# module's format, so this module does not import them (that would be a cycle): the package's
-# __init__ fills this in.
-CALIBRATED_METHODS: dict[str, Callable] = {}
 INT4_DEFAULT_GROUP = 128
 FP8_MAX = 448.0  # the largest finite float8 e4m3 value
 
@@ -267,14 +264,6 @@ class QuantizedLinear(nn.Module):
 # Fast kernels: each returns a function x (M, K) -> (M, N), or None where it does not apply
 
 
-class Kernel:
-    def __init__(self, name: str, fn: Callable[[Tensor], Tensor]):
-        self.name, self.fn = name, fn
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.fn(x)
-
-
 def _cpu_int8(layer: QuantizedLinear, dtype: torch.dtype) -> Kernel | None:
     """torch's int8 kernel reads K in steps of 8: other K give wrong sums (and can crash)."""
     if not hasattr(torch, "_weight_int8pack_mm") or layer.in_features % 8:
@@ -315,34 +304,16 @@ def fast_kernel(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype
     try:
         if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
             if scheme == "int8":
-                return _checked(_cpu_int8(layer, dtype), layer, device, dtype)
+                return check_kernel(_cpu_int8(layer, dtype), layer, device, dtype)
             if scheme == "int4":
-                return _checked(_cpu_int4(layer, dtype), layer, device, dtype)
+                return check_kernel(_cpu_int4(layer, dtype), layer, device, dtype)
         if device.type == "cuda":
             from .cuda_kernels import cuda_kernel
 
-            return _checked(cuda_kernel(layer, dtype), layer, device, dtype)
+            return cuda_kernel(layer, dtype)  # checks each candidate it tries
     except (RuntimeError, NotImplementedError, ImportError):
         return None  # this build of torch lacks the kernel for this shape or dtype
     return None
-
-
-def _checked(kernel: Kernel | None, layer: QuantizedLinear, device, dtype) -> Kernel | None:
-    """Try the kernel once on a small input against the reference: a kernel that fails or
-    disagrees (a layout this torch version packs differently) is not used."""
-    if kernel is None:
-        return None
-    gen = torch.Generator(device=device).manual_seed(0)  # not the global RNG: sampling stays seeded
-    x = torch.randn(3, layer.in_features, device=device, generator=gen).to(dtype)
-    bias = layer.bias
-    layer.bias = None
-    try:
-        ref = layer.forward_reference(x).float()
-        got = kernel(x).float()
-    finally:
-        layer.bias = bias
-    tol = 2e-2 * ref.abs().max().item() + 1e-3
-    return kernel if got.shape == ref.shape and (got - ref).abs().max().item() <= tol else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,55 +337,6 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
-
-
-def check_not_quantized(model: nn.Module) -> None:
-    done = quantized_layers(model)
-    if done:
-        spec = next(iter(done.values())).spec
-        raise ValueError(
-            f"the model is already quantized ({spec.label}, {len(done)} layers): quantize the original "
-            "model, not a quantized one (rounding twice compounds the error)"
-        )
-
-
-def quantize(
-    model: nn.Module,
-    scheme: str,
-    group_size: int | None = None,
-    method: str = "rtn",
-    calibration: Tensor | None = None,
-    skip: Iterable[str] = (),
-    **method_options,
-) -> nn.Module:
-    """Replace the model's linear layers by ``QuantizedLinear`` in place; returns the model.
-
-    ``scheme`` "int8" | "int4" | "fp8"; ``group_size`` for int4 (default 128); ``method`` "rtn"
-    (round to nearest), "gptq" or "awq" (both need ``calibration``: token ids (n, T) from the
-    training split, e.g. ``calibration_batches``). ``skip`` names layers kept as they are. A tied
-    LM head is quantized too; the embedding it shared stays in full precision for the lookup.
-    The scheme is recorded on the model (``model.quantization``) for saving.
-    """
-    spec = QuantSpec.make(scheme, group_size)
-    if method not in METHODS:
-        raise ValueError(f"unknown quantization method {method!r}: choose one of {METHODS}")
-    check_not_quantized(model)
-    if method != "rtn":
-        if calibration is None:
-            raise ValueError(f"method {method!r} needs calibration data: token ids (n, T), e.g. calibration_batches()")
-        if spec.scheme != "int4":
-            raise ValueError(f"method {method!r} is implemented for int4, got scheme {spec.scheme!r}")
-    targets = linear_layers(model, skip)
-    if not targets:
-        raise ValueError("the model has no linear layers to quantize (all skipped?)")
-    if method == "rtn":
-        for name, linear in targets.items():
-            replace_module(model, name, QuantizedLinear.from_linear(linear, spec))
-    else:
-        CALIBRATED_METHODS[method](model, spec, calibration, targets, **method_options)
-    prepare_kernels(model)
-    model.quantization = {"scheme": spec.scheme, "group_size": spec.group_size, "method": method, "skip": list(skip)}
-    return model
 
 
 def prepare_kernels(model: nn.Module, dtype: torch.dtype | None = None) -> None:

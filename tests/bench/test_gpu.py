@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from minillm.bench import gpu as gpu_check
+from minillm.bench import gpu_compression
 from minillm.bench.gpu_kernels import attention_flops
 from minillm.bench.report import gpu_slug, result_path
+from minillm.compression import model_bytes
 from minillm.core.cache import KVCache
 from minillm.kv.static import StaticDecodeCache
 from tests.conftest import tiny_model
@@ -122,3 +124,69 @@ def test_a_section_past_its_limit_is_stopped_and_keeps_its_figures(tmp_path, mon
     section = report["sections"]["slow"]
     assert section["error"].startswith("SectionTimeout") and section["first"] == 1.0 and "second" not in section
     assert section["seconds"] < 4
+
+
+def test_the_section_limits_fit_in_eight_minutes():
+    assert set(gpu_check.SECTION_LIMITS_S) == {
+        "correctness",
+        "attention_speed",
+        "paged_bandwidth",
+        "decode",
+        "compression",
+    }
+    assert sum(gpu_check.SECTION_LIMITS_S.values()) < 8 * 60
+
+
+def test_the_2_4_mask_keeps_the_two_largest_of_every_four():
+    w = torch.tensor([[0.1, -3.0, 2.0, 0.5, 4.0, 0.0, -0.2, 0.3]])
+    mask = gpu_compression.two_four_mask(w)
+    assert mask.tolist() == [[False, True, True, False, True, False, False, True]]
+    big = gpu_compression.two_four_mask(torch.randn(6, 40))
+    assert (big.view(6, 10, 4).sum(-1) == 2).all()
+    with pytest.raises(ValueError, match="multiple of 4"):
+        gpu_compression.two_four_mask(torch.zeros(2, 6))
+
+
+def test_speedup_goals_compare_batch_1_with_the_16_bit_row():
+    rows = [
+        {"scheme": "bf16", "batch_1": {"graphed_tokens_per_s": 100.0}},
+        {"scheme": "int8", "batch_1": {"graphed_tokens_per_s": 150.0}},
+        {"scheme": "int4-g128", "error": "RuntimeError: boom"},
+    ]
+    int8, int4 = gpu_compression.speedup_goals(rows)
+    assert int8["speedup"] == pytest.approx(1.5) and int8["met"] and "int8" in int8["text"]
+    assert int4["speedup"] is None and not int4["met"]
+
+
+def test_print_goals_prints_every_goal_of_a_section(capsys):
+    goals = [{"text": "int8 fast", "speedup": 1.5, "met": True}, {"text": "int4 fast", "speedup": 1.2, "met": False}]
+    gpu_check.print_goals({"sections": {"compression": {"goals": goals}, "decode": {"error": "OOM"}}})
+    out = capsys.readouterr().out
+    assert "[MET] int8 fast" in out and "[not met] int4 fast" in out and "[error] decode: OOM" in out
+
+
+def test_a_scheme_row_quantizes_and_decodes():
+    """The compression section's row on the CPU (eager only, no CUDA graph): the fp32 weights
+    stored in 8 bits take under half the bytes (the embedding stays fp32); every layer reports
+    its path."""
+    made = []
+
+    def make():
+        made.append(tiny_model())
+        return made[-1]
+
+    dense = gpu_compression.scheme_row(make, "fp32", None, None, batches=(1, 2), steps=2, graphed=False)
+    row = gpu_compression.scheme_row(make, "int8", "int8", None, batches=(1, 2), steps=2, graphed=False)
+    assert row["batch_1"]["eager_tokens_per_s"] > 0 and "eager_tokens_per_s" not in row["batch_2"]
+    assert row["model_bytes"] < 0.5 * dense["model_bytes"]
+    assert row["batch_1"]["bytes_per_step"] < row["batch_2"]["bytes_per_step"]  # a second cache row
+    assert sum(row["paths"].values()) == 2 * 4 + 1  # qkv, o, gate_up, down per layer; lm_head
+    assert dense["paths"] == {"nn.Linear (dense)": 9}
+
+
+def test_decode_bytes_count_the_weights_the_looked_up_rows_and_the_cache():
+    model = tiny_model()
+    cache = StaticDecodeCache(model.config, 2, 16, torch.float32, device="cpu")
+    embed = model.embed_tokens.weight
+    expected = model_bytes(model) - embed.nbytes + 2 * embed[0].nbytes + cache.k.nbytes + cache.v.nbytes
+    assert gpu_compression.decode_bytes(model, cache) == expected

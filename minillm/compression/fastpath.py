@@ -1,0 +1,40 @@
+"""A fast kernel of a quantized linear layer, and the check it passes before it is used.
+
+Shared by ``quant`` (PyTorch's CPU kernels) and ``cuda_kernels`` (the GPU's), which imports this
+rather than ``quant``: ``quant`` imports ``cuda_kernels`` when a layer first runs on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+
+class Kernel:
+    """A named function x (M, K) -> (M, N) computing the layer's product in its packed form."""
+
+    def __init__(self, name: str, fn: Callable[[Tensor], Tensor]):
+        self.name, self.fn = name, fn
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+def check_kernel(kernel: Kernel | None, layer: nn.Module, device, dtype) -> Kernel | None:
+    """Try the kernel once on a small input against the layer's ``forward_reference``: a kernel
+    that fails or disagrees (a layout this torch version packs differently) is not used."""
+    if kernel is None:
+        return None
+    gen = torch.Generator(device=device).manual_seed(0)  # not the global RNG: sampling stays seeded
+    x = torch.randn(3, layer.in_features, device=device, generator=gen).to(dtype)
+    bias = layer.bias
+    layer.bias = None
+    try:
+        ref = layer.forward_reference(x).float()
+        got = kernel(x).float()
+    finally:
+        layer.bias = bias
+    tol = 2e-2 * ref.abs().max().item() + 1e-3
+    return kernel if got.shape == ref.shape and (got - ref).abs().max().item() <= tol else None
