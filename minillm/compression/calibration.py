@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..core.model import Transformer, rope_cos_sin
 from ..core.tokenizer import Tokenizer
+from ..training.corpus import corpus_prompts, load_text
 from ..training.train import encode_split
 
 _ENCODED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {split: ids}
@@ -38,17 +39,19 @@ def calibration_batches(
     tokenizer: Tokenizer, n: int = 32, seq_len: int = 256, split: str = "train", seed: int = 0
 ) -> Tensor:
     """``n`` windows of ``seq_len`` consecutive token ids at random places of the bundled corpus
-    ``split``: LongTensor (n, seq_len). Calibrate on "train"; measure on "valid"."""
+    ``split``: LongTensor (n, seq_len). Calibrate on "train"; measure on "valid".
+
+    Only the windows' own text is encoded (the whole training split takes seconds)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n (the number of calibration windows) must be a positive integer, got {n!r}")
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
-    ids = encoded_split(tokenizer, split)  # (L,)
-    if seq_len > len(ids):
-        raise ValueError(f"seq_len={seq_len} is longer than the {split!r} split ({len(ids)} tokens)")
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, len(ids) - seq_len + 1, (n,), generator=gen)  # (n,)
-    return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
+    if 16 * seq_len >= len(load_text(split)):
+        raise ValueError(f"seq_len={seq_len} is longer than random windows of the {split!r} split can be")
+    windows = corpus_prompts(tokenizer, n, seq_len, split, placement="random", seed=seed)
+    if any(len(w) < seq_len for w in windows):
+        raise ValueError(f"seq_len={seq_len} is longer than windows of the {split!r} split can be")
+    return torch.tensor(windows, dtype=torch.long)  # (n, seq_len)
 
 
 def check_calibration(model: Transformer, calibration: Tensor) -> Tensor:
