@@ -112,3 +112,29 @@ def greedy_agreement(
         agree += (guess == seq[0, len(prompt) :]).sum().item()
         total += new_tokens
     return agree / total
+
+
+@torch.inference_mode()
+def layer_output_errors(
+    model: torch.nn.Module, reference: torch.nn.Module, ids: torch.Tensor, names: Sequence[str]
+) -> dict[str, float]:
+    """||y - y_ref|| / ||y_ref|| of the outputs of the named modules (e.g. "layers.2.mlp.down_proj")
+    when both models read the same ids: each layer's error with all the error upstream of it."""
+    outputs: dict[str, dict[str, torch.Tensor]] = {"model": {}, "reference": {}}
+    for which, m in (("model", model), ("reference", reference)):
+        hooks = []
+        for name in names:
+
+            def keep(module, args, out, name=name, which=which):
+                outputs[which][name] = out.detach().float()
+
+            hooks.append(m.get_submodule(name).register_forward_hook(keep))
+        try:
+            m(ids.to(m.device if hasattr(m, "device") else ids.device))
+        finally:
+            for h in hooks:
+                h.remove()
+    return {
+        name: ((outputs["model"][name] - outputs["reference"][name]).norm() / outputs["reference"][name].norm()).item()
+        for name in names
+    }

@@ -7,7 +7,14 @@ import torch
 
 from minillm import KVCache
 from minillm.kv.compressed import SlidingWindowCache
-from minillm.measure.quality import greedy_agreement, logit_difference, mean_perplexity, perplexity, streaming_loss
+from minillm.measure.quality import (
+    greedy_agreement,
+    layer_output_errors,
+    logit_difference,
+    mean_perplexity,
+    perplexity,
+    streaming_loss,
+)
 from tests.conftest import tiny_model
 
 
@@ -57,3 +64,17 @@ def test_a_model_agrees_with_itself_and_differs_from_another():
     assert greedy_agreement(other, model, prompts, new_tokens=6) < 1.0
     with pytest.raises(ValueError, match="new_tokens"):
         greedy_agreement(model, model, prompts, new_tokens=0)
+
+
+def test_layer_output_errors_are_zero_for_the_same_model_and_grow_downstream_of_a_change():
+    model = tiny_model(seed=8)
+    changed = tiny_model(seed=8)
+    with torch.no_grad():
+        changed.layers[1].mlp.down_proj.weight.mul_(1.1)
+    ids = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(2))
+    names = ["layers.0.mlp.down_proj", "layers.1.mlp.down_proj", "lm_head"]
+    assert layer_output_errors(model, model, ids, names) == {n: 0.0 for n in names}
+    errors = layer_output_errors(changed, model, ids, names)
+    assert errors["layers.0.mlp.down_proj"] == 0.0  # upstream of the change
+    assert errors["layers.1.mlp.down_proj"] == pytest.approx(0.1, rel=1e-4)  # the change itself
+    assert errors["lm_head"] > 0
