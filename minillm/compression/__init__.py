@@ -2,7 +2,23 @@
 transforms a loaded model and leaves the model class as it is."""
 
 from .calibration import calibration_batches
+from .distill import DistillConfig, distill, distillation_loss, kl_to_teacher
+from .prune import prune, prune_structured
 from .quant import SCHEMES, QuantizedLinear, QuantSpec, model_bytes
 from .transform import METHODS, quantize
 
-__all__ = ["METHODS", "SCHEMES", "QuantSpec", "QuantizedLinear", "calibration_batches", "model_bytes", "quantize"]
+__all__ = [
+    "METHODS",
+    "SCHEMES",
+    "DistillConfig",
+    "QuantSpec",
+    "QuantizedLinear",
+    "calibration_batches",
+    "distill",
+    "distillation_loss",
+    "kl_to_teacher",
+    "model_bytes",
+    "prune",
+    "prune_structured",
+    "quantize",
+]

@@ -128,6 +128,42 @@ def train_model(
     return model, fit(model, tc, train_ids, valid_ids, progress)
 
 
+def adamw(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
+    """AdamW at ``tc.lr``, betas (0.9, 0.95), weight decay on the matrices only (not on norm gains)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=(0.9, 0.95),
+    )
+
+
+def random_windows(
+    ids: torch.Tensor, seq_len: int, batch_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of windows at random places of ``ids``: inputs x and next tokens y, (batch_size, seq_len) each."""
+    starts = torch.randint(0, len(ids) - seq_len - 1, (batch_size,), generator=generator).tolist()
+    x = torch.stack([ids[s : s + seq_len] for s in starts])
+    y = torch.stack([ids[s + 1 : s + seq_len + 1] for s in starts])
+    return x, y
+
+
+def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, lr: float, tc: TrainConfig):
+    """One update at learning rate ``lr``: backward, gradient norm clipped to ``tc.grad_clip``, step."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+    opt.step()
+
+
+def eval_due(step: int, tc: TrainConfig) -> bool:
+    """Whether to evaluate after ``step`` (0-based): every ``tc.eval_every`` steps and after the last."""
+    return (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps
+
+
 def fit(
     model: Transformer,
     tc: TrainConfig,
@@ -138,30 +174,17 @@ def fit(
     """AdamW with warmup and cosine decay on random windows of ``train_ids``; the model is left in
     eval mode. Returns the log: train loss per step, validation loss every ``eval_every`` steps."""
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc.lr,
-        betas=(0.9, 0.95),
-    )
+    opt = adamw(model, tc)
     gen = torch.Generator().manual_seed(tc.seed)
     log: dict = {"train_loss": [], "valid_loss": []}
     t0 = time.perf_counter()
     bar = tqdm(range(tc.steps), disable=not progress, desc=model.config.name, unit="step")
     for step in bar:
-        starts = torch.randint(0, len(train_ids) - tc.seq_len - 1, (tc.batch_size,), generator=gen)
-        x = torch.stack([train_ids[s : s + tc.seq_len] for s in starts.tolist()])
-        y = torch.stack([train_ids[s + 1 : s + tc.seq_len + 1] for s in starts.tolist()])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, tc)
+        x, y = random_windows(train_ids, tc.seq_len, tc.batch_size, gen)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
+        optimizer_step(model, opt, loss, lr_at(step, tc), tc)
         log["train_loss"].append(round(loss.item(), 4))
-        if valid_ids is not None and ((step + 1) % tc.eval_every == 0 or step + 1 == tc.steps):
+        if valid_ids is not None and eval_due(step, tc):
             val = evaluate(model, valid_ids, tc.seq_len)
             log["valid_loss"].append([step + 1, round(val, 4)])
             bar.set_postfix(loss=f"{loss.item():.3f}", valid=f"{val:.3f}")
@@ -183,8 +206,18 @@ def train_bundled(size: str, out_dir: Path | None = None, steps: int | None = No
     train_ids, valid_ids = encode_split(tokenizer, "train"), encode_split(tokenizer, "valid")
     model, log = train_model(config, tc, train_ids, valid_ids, progress=progress)
     out_dir = Path(out_dir) if out_dir else BUNDLED_DIR / config.name
-    record = {
-        "model": config.name,
+    record = training_record(model, tc, train_ids, valid_ids, log)
+    save_pretrained(model, out_dir, tokenizer, {"training_log.json": json.dumps(record) + "\n"})
+    write_model_card(out_dir)
+    return out_dir
+
+
+def training_record(
+    model: Transformer, tc: TrainConfig, train_ids: torch.Tensor, valid_ids: torch.Tensor, log: dict
+) -> dict:
+    """What training_log.json holds (the model card reads it): the recipe, the data, the machine, the log."""
+    return {
+        "model": model.config.name,
         "parameters": model.num_params(),
         "train_config": asdict(tc),
         "train_tokens": len(train_ids),
@@ -193,9 +226,6 @@ def train_bundled(size: str, out_dir: Path | None = None, steps: int | None = No
         "final_valid_loss": log["valid_loss"][-1][1],
         **log,
     }
-    save_pretrained(model, out_dir, tokenizer, {"training_log.json": json.dumps(record) + "\n"})
-    write_model_card(out_dir)
-    return out_dir
 
 
 @torch.no_grad()
@@ -210,16 +240,23 @@ def greedy_agreement(draft: Transformer, target: Transformer, ids: torch.Tensor,
 
 
 def write_model_card(
-    directory: Path, sample_prompt: str = "def read_config(path):", compare_with: str | None = None
+    directory: Path,
+    sample_prompt: str = "def read_config(path):",
+    compare_with: str | None = None,
+    reproduce: str | None = None,
+    notes: str = "",
 ) -> str:
     """README.md for a bundled model, every figure read from its training log or measured here.
 
     ``compare_with`` names another model (e.g. the target of a draft) whose greedy next-token
-    agreement with this one on the validation split is reported."""
+    agreement with this one on the validation split is reported. ``reproduce`` is the command
+    that retrains it (default: ``python -m minillm train model --size ...``); ``notes``, markdown
+    put before the sample."""
     directory = Path(directory)
     log = json.loads((directory / "training_log.json").read_text())
     model, tok = load(directory, device="cpu")
     c, tc = model.config, log["train_config"]
+    retrain = "python -m minillm train model --size " + c.name.removeprefix("minillm-")
     valid = encode_split(tok, "valid")
     loss = evaluate(model, valid, tc["seq_len"])
     lines = [
@@ -249,7 +286,7 @@ def write_model_card(
         f"| validation loss | {loss:.3f} nats/token (perplexity {math.exp(loss):.1f}) on "
         f"{log['valid_tokens']:,} held-out tokens |",
         "",
-        "Reproduce: `python -m minillm train model --size " + c.name.removeprefix("minillm-") + "`.",
+        f"Reproduce: `{reproduce or retrain}`.",
     ]
     if compare_with is not None:
         other, _ = load(compare_with, device="cpu")
@@ -259,6 +296,8 @@ def write_model_card(
             f"Greedy next-token agreement with {compare_with} on the validation split: {agreement:.1%} "
             "(a first estimate of the acceptance rate of greedy speculative decoding).",
         ]
+    if notes:
+        lines += ["", notes.strip()]
     lines += [
         "",
         "## Sample (temperature 0.8, top-p 0.95, seed 0, 80 tokens)",
