@@ -155,10 +155,11 @@ def matmul_times(o: CompressionBench) -> list[dict]:
         x = torch.randn(m, k, device=o.device).bfloat16()
         timings = interleaved({name: lambda f=f, x=x: f(x) for name, f in layers.items()}, o.repeats + 2, o.device)
         paths = {name: getattr(f, "path", "dense") for name, f in layers.items()}
-        base = timings[BASELINE].median
+        bf16, fp32 = timings[BASELINE].median, timings["fp32"].median
         for name in layers:
             t = timings[name].median
-            rows.append({"format": name, "rows": m, "ms": 1e3 * t, "vs_bf16": base / t, "kernel": paths[name]})
+            row = {"format": name, "rows": m, "ms": 1e3 * t, "vs_bf16": bf16 / t, "vs_fp32": fp32 / t}
+            rows.append({**row, "kernel": paths[name]})
     return rows
 
 
@@ -186,9 +187,8 @@ def _speed_model(name: str, config: ModelConfig, device: torch.device) -> Transf
 def decode_speed(o: CompressionBench) -> list[dict]:
     """Decode tokens/s of each technique at each batch on a random ``o.shape`` model, taking turns."""
     config = preset(o.shape)
-    timed = [n for n in o.techniques if technique(n).speed_as is None]
-    if BASELINE not in timed:
-        timed.insert(0, BASELINE)
+    # a row that times like another (same kernel) is timed once, under the other's name
+    timed = list(dict.fromkeys([BASELINE] + [technique(n).speed_as or n for n in o.techniques]))
     models = {name: _speed_model(name, config, o.device) for name in timed}
     return [row for batch in o.batches for row in _decode_at(batch, models, o)]
 
@@ -237,7 +237,7 @@ def quality(o: CompressionBench) -> list[dict]:
     calib = calibration_batches(tokenizer, o.calibration, 256)
     prompts = corpus_prompts(tokenizer, 8, 32)
     ids = valid[: 4 * 256].view(4, 256).to(o.device)
-    rows = []
+    rows = [{"technique": "fp32 (reference)", "perplexity": perplexity(reference, valid, 256, o.quality_windows)}]
     for name in o.techniques:
         t = technique(name)
         if name in ("fp32", "bf16"):
@@ -263,10 +263,14 @@ def quality(o: CompressionBench) -> list[dict]:
 def bench_compression(o: CompressionBench) -> dict:
     """The benchmark command's figures with their provenance."""
     config = preset(o.shape)
+    models = [f"random {o.shape} (speed)" if o.measure_speed else None, o.model if o.measure_quality else None]
+    dtypes = ["bfloat16 (speed)" if o.measure_speed else None, "float32 (quality)" if o.measure_quality else None]
+    if o.measure_quality and o.measure_speed:
+        models[1] += " (quality)"
     result = provenance(
         o.device,
-        model=f"{o.shape} (random weights) for speed, {o.model} for quality",
-        dtype="bfloat16 activations (fp32 for quality)",
+        model=", ".join(m for m in models if m),
+        dtype=", ".join(d for d in dtypes if d),
         shape=o.shape,
         parameters=config.num_params(),
         batches=list(o.batches),
@@ -293,8 +297,15 @@ def bench_compression(o: CompressionBench) -> dict:
 def format_matmul(result: dict) -> str:
     n, k = result["matmul_shape"]
     title = f"One {n} x {k} linear layer, median ms (x in bf16) on {describe(result)}"
-    rows = [{**r, "speed": f"{r['vs_bf16']:.2f}x"} for r in result["matmul"]]
-    columns = {"format": "weights", "rows": "tokens", "ms": "ms", "speed": "vs bf16", "kernel": "kernel"}
+    rows = [{**r, "speed": f"{r['vs_bf16']:.2f}x", "vs32": f"{r['vs_fp32']:.2f}x"} for r in result["matmul"]]
+    columns = {
+        "format": "weights",
+        "rows": "tokens",
+        "ms": "ms",
+        "speed": "vs bf16",
+        "vs32": "vs fp32",
+        "kernel": "kernel",
+    }
     return format_table(rows, columns, title=title)
 
 
@@ -319,8 +330,8 @@ def format_decode(result: dict) -> str:
 
 
 def format_quality(result: dict) -> str:
-    rows = result["quality"]
-    base = next((r["perplexity"] for r in rows if r["technique"] == "fp32"), None)
+    rows = [r for r in result["quality"] if r["technique"] != "fp32 (reference)"]
+    base = baseline_perplexity(result)
     shown = [
         {
             **r,
@@ -346,12 +357,18 @@ def format_quality(result: dict) -> str:
     return format_table(rows=shown, columns=columns, title=title)
 
 
+def baseline_perplexity(result: dict) -> float | None:
+    """The unquantized model's perplexity: the quality table's reference row (or its fp32 row)."""
+    rows = {r["technique"]: r["perplexity"] for r in result.get("quality", [])}
+    return rows.get("fp32 (reference)", rows.get("fp32"))
+
+
 def summary_rows(result: dict, batch: int = 1) -> list[dict]:
     """One row per technique: bytes on the speed model, decode speed vs bf16, perplexity change
     vs fp32 on the trained model, and what it needs."""
     decode = {r["technique"]: r for r in result.get("decode", []) if r["batch"] == batch}
     qual = {r["technique"]: r for r in result.get("quality", [])}
-    base_ppl = qual["fp32"]["perplexity"] if "fp32" in qual else None
+    base_ppl = baseline_perplexity(result)
     rows = []
     for t in TECHNIQUES:
         if t.name not in decode and t.name not in qual:

@@ -30,6 +30,7 @@ Ma et al., 2023, "LLM-Pruner"): the matrices shrink and every matmul is cheaper 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable
 
@@ -474,3 +475,21 @@ def _mask_gradients(model: nn.Module) -> list:
         keep = linear.weight.detach() != 0
         hooks.append(linear.weight.register_hook(lambda grad, keep=keep: grad * keep))
     return hooks
+
+
+def with_outlier_features(model, n_features: int = 16, scale: float = 20.0):
+    """A copy computing the same function, with outlier features as large LLMs have them (Dettmers
+    et al., 2022):
+    in each block the n most used inputs of qkv_proj and of gate_up_proj are made ``scale`` times
+    larger (their RMSNorm weights) and their weight columns as much smaller."""
+    model = copy.deepcopy(model)  # a new model: the argument is left as it is
+    with torch.no_grad():
+        for layer in model.layers:
+            for norm, linear in [
+                (layer.input_layernorm, layer.self_attn.qkv_proj),
+                (layer.post_attention_layernorm, layer.mlp.gate_up_proj),
+            ]:
+                features = (linear.weight.norm(dim=0) * norm.weight.abs()).topk(n_features).indices
+                norm.weight[features] *= scale
+                linear.weight[:, features] /= scale
+    return model

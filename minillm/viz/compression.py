@@ -1,6 +1,6 @@
 """Chapter 12's pictures: rounding a weight matrix, quality against bits per weight, where
 weight-only quantization speeds a matmul up and where it slows it down, decode speed of each
-technique, pruning curves and distillation's training curves."""
+technique and pruning curves."""
 
 from __future__ import annotations
 
@@ -46,17 +46,17 @@ def plot_quality_vs_bits(rows: Sequence[Mapping], baseline: float, title: str = 
 
 
 def plot_matmul_times(rows: Sequence[Mapping], title: str = ""):
-    """Speed of one linear layer against bf16 weights, by tokens per matmul: above 1 the format is
-    faster. Decode (1 token) reads weights; prefill (many) computes."""
+    """Time per token of one linear layer in each weight format, by tokens per matmul (log-log).
+    With 1 token (decode) the layer reads its weights and the fewest bytes win; with many
+    (prefill) it computes, and the cost of dequantizing shows."""
     fig, ax = plt.subplots(figsize=(7, 4))
     formats = list(dict.fromkeys(r["format"] for r in rows))
     for i, name in enumerate(formats):
         mine = sorted((r for r in rows if r["format"] == name), key=lambda r: r["rows"])
-        ax.plot([r["rows"] for r in mine], [r["vs_bf16"] for r in mine], "o-", color=f"C{i}", label=name)
-    ax.axhline(1, color="tab:gray", lw=1)
+        ax.plot([r["rows"] for r in mine], [1e3 * r["ms"] / r["rows"] for r in mine], "o-", color=f"C{i}", label=name)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.set(xlabel="tokens in the matmul (1 = decode, many = prefill)", ylabel="speed vs bf16 weights (log)")
+    ax.set_yscale("log")
+    ax.set(xlabel="tokens in the matmul (1 = decode, many = prefill)", ylabel="microseconds per token (log)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, ncol=2)
     return fig
@@ -95,22 +95,4 @@ def plot_pruning(curves: Mapping[str, Sequence[tuple[float, float]]], baseline: 
     ax.set(xlabel="fraction of weights removed", ylabel="perplexity (log, lower is better)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    return fig
-
-
-def plot_distillation(logs: Mapping[str, Mapping], title: str = ""):
-    """Validation loss and KL to the teacher during training, one line per student."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for i, (name, log) in enumerate(logs.items()):
-        steps, loss = zip(*log["valid_loss"])
-        ax1.plot(steps, loss, "o-", color=f"C{i}", label=name)
-        if log.get("kl_to_teacher"):
-            steps, kl = zip(*log["kl_to_teacher"])
-            ax2.plot(steps, kl, "o-", color=f"C{i}", label=name)
-    ax1.set(xlabel="training step", ylabel="validation loss (nats/token)", title="next-token loss")
-    ax2.set(xlabel="training step", ylabel="KL(teacher || student), nats", title="distance to the teacher")
-    ax1.legend(fontsize=8)
-    ax2.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
     return fig

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import minillm
+from minillm.compression import quantize
 from minillm.compression.prune import (
     _input_norms,
     is_two_four,
@@ -22,8 +23,9 @@ from minillm.compression.prune import (
     recover,
     semi_structured,
     sparsity_of,
+    with_outlier_features,
 )
-from minillm.compression.quant import linear_layers, quantize
+from minillm.compression.quant import linear_layers
 from minillm.training import corpus
 from minillm.training.train import evaluate
 from tests.conftest import tiny_model
@@ -176,23 +178,6 @@ def target():
 
 def perplexity(model, valid) -> float:
     return math.exp(evaluate(model, valid, 256))
-
-
-def with_outlier_features(model, n_features: int = 16, scale: float = 20.0):
-    """The same function with outlier features, as large LLMs have them (Dettmers et al., 2022):
-    in each block the n most used inputs of qkv_proj and of gate_up_proj are made ``scale`` times
-    larger (their RMSNorm weights) and their weight columns as much smaller."""
-    model = copy.deepcopy(model)
-    with torch.no_grad():
-        for layer in model.layers:
-            for norm, linear in [
-                (layer.input_layernorm, layer.self_attn.qkv_proj),
-                (layer.post_attention_layernorm, layer.mlp.gate_up_proj),
-            ]:
-                features = (linear.weight.norm(dim=0) * norm.weight.abs()).topk(n_features).indices
-                norm.weight[features] *= scale
-                linear.weight[:, features] /= scale
-    return model
 
 
 def test_wanda_ties_magnitude_on_the_target_and_beats_it_with_outlier_features(target):

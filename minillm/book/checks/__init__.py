@@ -6,6 +6,7 @@ One module per chapter; this package re-exports them all, so a notebook may writ
 
 from .base import CheckFailed, close, passed, require
 from .compilers import check_launch_overhead, check_mbu, check_pool_offset
+from .compression import check_distillation_loss, check_int4_groups, check_two_four_mask
 from .generation import check_greedy_generate, check_softmax_with_temperature, check_top_p
 from .kernels import check_causal_tiles, check_online_softmax_update, check_triton_rms_norm
 from .kv import (
@@ -48,10 +49,12 @@ __all__ = [
     "check_copyable_fraction",
     "check_cost_per_million",
     "check_decode_upper_bound",
+    "check_distillation_loss",
     "check_expected_tokens",
     "check_goodput",
     "check_greedy_accept",
     "check_greedy_generate",
+    "check_int4_groups",
     "check_jacobi_step",
     "check_kv_cache_bytes",
     "check_kv_update",
@@ -75,6 +78,7 @@ __all__ = [
     "check_token_slot",
     "check_top_p",
     "check_tree_mask",
+    "check_two_four_mask",
     "check_triton_rms_norm",
     "check_users_that_fit",
     "check_window_update",

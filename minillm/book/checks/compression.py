@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import torch
 
+from ...compression.distill import distillation_loss
+from ...compression.prune import two_four_mask
 from ...compression.quant import dequantize_int4, quantize_int4
 from .base import close, passed, require
 
@@ -44,3 +46,40 @@ def check_int4_groups(quantize: Callable, dequantize: Callable) -> None:
     )
     require(close(dequantize(codes, scale, zero, 16)[w == 0], torch.zeros(int((w == 0).sum()))), name, "0 stays 0")
     passed(name, "codes 0..15, zero points, within half a step per group; the outlier hurts its group only")
+
+
+def check_two_four_mask(fn: Callable) -> None:
+    """fn(score (N, K)) -> bool keep-mask (N, K): the 2 highest scores of every 4 consecutive inputs."""
+    name = "2:4 mask"
+    gen = torch.Generator().manual_seed(5)
+    score = torch.rand(8, 32, generator=gen)
+    keep = fn(score)
+    require(isinstance(keep, torch.Tensor) and keep.dtype == torch.bool, name, "return a bool tensor (True = keep)")
+    require(tuple(keep.shape) == (8, 32), name, f"the mask has the score's shape (8, 32), got {tuple(keep.shape)}")
+    per_group = keep.view(8, 8, 4).sum(-1)
+    require(bool((per_group == 2).all()), name, "exactly 2 kept in every group of 4 consecutive columns")
+    require(torch.equal(keep, two_four_mask(score)), name, "keep the two highest scores of each group of 4")
+    across = torch.zeros(2, 8)
+    across[:, :4] = torch.tensor([9.0, 8.0, 7.0, 6.0])  # the row's 4 largest all in the first group
+    hint = "the 2 of 4 are chosen inside each group, not as the largest half of the row"
+    require(bool((fn(across).view(2, 2, 4).sum(-1) == 2).all()), name, hint)
+    passed(name, "exactly two of every four consecutive weights kept, the two with the highest score")
+
+
+def check_distillation_loss(fn: Callable) -> None:
+    """fn(student_logits, teacher_logits, temperature) -> scalar: T^2 KL(teacher_T || student_T),
+    averaged over positions."""
+    name = "distillation loss"
+    gen = torch.Generator().manual_seed(6)
+    student, teacher = torch.randn(3, 5, 11, generator=gen), 2 * torch.randn(3, 5, 11, generator=gen)
+    for t in (1.0, 2.0, 4.0):
+        got, want = fn(student, teacher, t), distillation_loss(student, teacher, t)
+        hint = f"T = {t}: expected {want.item():.6f}, got {float(got):.6f}"
+        if abs(float(got) * t**2 - want.item()) < 1e-5 * max(1.0, want.item()):
+            hint += ": off by T^2; multiply the KL by T^2"
+        elif abs(float(got) - distillation_loss(teacher, student, t).item()) < 1e-5:
+            hint += ": that is KL(student || teacher); the teacher's distribution comes first"
+        require(close(got, want, atol=1e-5), name, hint)
+    same = fn(teacher, teacher, 2.0)
+    require(close(same, 0.0, atol=1e-6), name, "a student equal to its teacher has zero loss")
+    passed(name, "T^2 KL(teacher_T || student_T), mean over positions, at T = 1, 2 and 4")
