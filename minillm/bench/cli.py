@@ -219,7 +219,7 @@ def cmd_bench_compression(args: argparse.Namespace) -> int:
             measure_quality=not args.no_quality,
         )
     print(
-        f"compression: speed on a random {o.shape}, quality on {o.model} ({_where(o.device)})...",
+        f"compression: speed on a random {o.shape.name}, quality on {o.model} ({_where(o.device)})...",
         file=sys.stderr,
         flush=True,
     )

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 from ..compression import model_bytes, quantize
 from ..compression.calibration import calibration_batches
-from ..compression.prune import prune, prune_structured
+from ..compression.prune import prune
 from ..compression.quant import QuantizedLinear, QuantSpec, quantized_layers
+from ..compression.structured import prune_structured
 from ..core.cache import KVCache
 from ..core.checkpoints import load
 from ..core.config import ModelConfig, preset
@@ -85,7 +86,7 @@ def technique(name: str) -> Technique:
 class CompressionBench:
     """How to run the compression benchmark. ``device`` defaults to the best one."""
 
-    shape: str = "SmolLM2-360M"  # preset of the random-weight model that decode speed is timed on
+    shape: str | ModelConfig = "SmolLM2-360M"  # (preset of) the random-weight model decode is timed on
     model: str = "minillm-target"  # trained model that quality is measured on
     techniques: Sequence[str] = TECHNIQUE_NAMES
     batches: Sequence[int] = (1, 16)  # sequences decoded together
@@ -114,10 +115,11 @@ class CompressionBench:
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"{name} must be positive integers, got {list(values)}")
             setattr(self, name, values)
-        try:
-            preset(self.shape)
-        except KeyError as e:
-            raise ValueError(e.args[0]) from e
+        if not isinstance(self.shape, ModelConfig):
+            try:
+                self.shape = preset(self.shape)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from e
         self.device = torch.device(self.device) if self.device is not None else best_device()
 
 
@@ -186,7 +188,7 @@ def _speed_model(name: str, config: ModelConfig, device: torch.device) -> Transf
 @torch.inference_mode()
 def decode_speed(o: CompressionBench) -> list[dict]:
     """Decode tokens/s of each technique at each batch on a random ``o.shape`` model, taking turns."""
-    config = preset(o.shape)
+    config = o.shape
     # a row that times like another (same kernel) is timed once, under the other's name
     timed = list(dict.fromkeys([BASELINE] + [technique(n).speed_as or n for n in o.techniques]))
     models = {name: _speed_model(name, config, o.device) for name in timed}
@@ -262,8 +264,8 @@ def quality(o: CompressionBench) -> list[dict]:
 
 def bench_compression(o: CompressionBench) -> dict:
     """The benchmark command's figures with their provenance."""
-    config = preset(o.shape)
-    models = [f"random {o.shape} (speed)" if o.measure_speed else None, o.model if o.measure_quality else None]
+    config = o.shape
+    models = [f"random {config.name} (speed)" if o.measure_speed else None, o.model if o.measure_quality else None]
     dtypes = ["bfloat16 (speed)" if o.measure_speed else None, "float32 (quality)" if o.measure_quality else None]
     if o.measure_quality and o.measure_speed:
         models[1] += " (quality)"
@@ -271,7 +273,7 @@ def bench_compression(o: CompressionBench) -> dict:
         o.device,
         model=", ".join(m for m in models if m),
         dtype=", ".join(d for d in dtypes if d),
-        shape=o.shape,
+        shape=config.name,
         parameters=config.num_params(),
         batches=list(o.batches),
         context=o.context,

@@ -3,8 +3,9 @@ transforms a loaded model and leaves the model class as it is."""
 
 from .calibration import calibration_batches
 from .distill import DistillConfig, distill, distillation_loss, kl_to_teacher
-from .prune import prune, prune_structured
+from .prune import prune
 from .quant import SCHEMES, QuantizedLinear, QuantSpec, model_bytes
+from .structured import prune_structured
 from .transform import METHODS, quantize
 
 __all__ = [

@@ -17,15 +17,17 @@ from minillm.compression.prune import (
     is_two_four,
     layer_sparsity,
     prune,
+    semi_structured,
+    sparsity_of,
+)
+from minillm.compression.quant import linear_layers
+from minillm.compression.structured import (
     prune_heads,
     prune_neurons,
     prune_structured,
     recover,
-    semi_structured,
-    sparsity_of,
     with_outlier_features,
 )
-from minillm.compression.quant import linear_layers
 from minillm.training import corpus
 from minillm.training.train import evaluate
 from tests.conftest import tiny_model
