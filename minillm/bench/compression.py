@@ -397,7 +397,10 @@ def format_summary(result: dict, batch: int = 1) -> str:
         "quality": "perplexity",
         "needs": "needs",
     }
-    return format_table(summary_rows(result, batch), columns, title=f"Summary, on {result['hardware']}")
+    where = [f"random {result['shape']} (speed)" if "shape" in result else None]
+    where.append(f"{result.get('quality_model', 'minillm-target')} (quality)" if "quality" in result else None)
+    title = f"Summary: {', '.join(w for w in where if w)}, on {result['hardware']}"
+    return format_table(summary_rows(result, batch), columns, title=title)
 
 
 def format_compression(result: dict) -> str:

@@ -19,9 +19,11 @@ def plot_rounding(weight: torch.Tensor, rounded: Mapping[str, torch.Tensor], tit
     ax1.hist(w, bins=200, color="tab:gray")
     ax1.set_yscale("log")
     ax1.set(xlabel="weight value", ylabel="count (log)", title="the weights")
-    edges = np.linspace(0, np.abs(w).max() * 0.25, 80)
-    for i, (name, q) in enumerate(rounded.items()):
-        err = (q.detach().float().flatten() - weight.detach().float().flatten()).abs().numpy()
+    errors = {
+        name: (q.detach().float() - weight.detach().float()).abs().flatten().numpy() for name, q in rounded.items()
+    }
+    edges = np.linspace(0, 1.05 * max(e.max() for e in errors.values()), 80)
+    for i, (name, err) in enumerate(errors.items()):
         ax2.hist(err, bins=edges, histtype="step", lw=1.5, color=f"C{i}", label=f"{name}: mean {err.mean():.4f}")
     ax2.set_yscale("log")
     ax2.set(xlabel="|rounding error|", ylabel="count (log)", title="the rounding error")
