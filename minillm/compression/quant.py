@@ -59,10 +59,16 @@ def padded_groups(w: Tensor, group_size: int) -> Tensor:
 
 def int4_group_params(groups: Tensor) -> tuple[Tensor, Tensor]:
     """Scale and zero point of each group (..., g) -> (...,), (...,): the group's range [min, max],
-    widened to include 0, mapped onto the 16 codes 0..15. The scale is rounded to fp16, as stored."""
+    widened to include 0, mapped onto the 16 codes 0..15. The scale is stored in fp16, rounded up
+    so that 15 steps still span the range. The zero point is a whole code, so the codes cover
+    [-zero * scale, (15 - zero) * scale]: the range shifted by less than half a step, and a value
+    at its very end may round with an error of up to one step instead of half."""
     lo = groups.amin(dim=-1).clamp(max=0).float()
     hi = groups.amax(dim=-1).clamp(min=0).float()
-    scale = ((hi - lo) / 15).clamp(min=1e-8).half().float()
+    exact = ((hi - lo) / 15).clamp(min=1e-8)
+    half = exact.half()
+    half = torch.where(half.float() < exact, torch.nextafter(half, torch.full_like(half, float("inf"))), half)
+    scale = half.float()
     zero = torch.round(-lo / scale).clamp(0, 15)
     return scale, zero
 

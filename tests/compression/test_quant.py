@@ -43,15 +43,23 @@ def test_int4_packing_is_two_codes_per_byte_and_unpacks_exactly():
         pack_int4(codes[:, :3])
 
 
-def test_round_to_nearest_errors_are_at_most_half_a_step():
-    w = torch.randn(16, 96) * torch.linspace(0.1, 3, 96)  # columns of very different size
+@pytest.mark.parametrize("seed", range(5))
+def test_round_to_nearest_errors_are_at_most_half_a_step_inside_the_range(seed):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(16, 96, generator=gen) * torch.linspace(0.1, 3, 96)  # columns of very different size
+    w[0, :32] = 0  # a group of zeros
     q, scale = quantize_int8(w)
     assert q.dtype == torch.int8 and q.abs().max() == 127
     assert ((dequantize_int8(q, scale) - w).abs() <= scale[:, None] / 2 + 1e-6).all()
     codes, scales, zeros = quantize_int4(w, 32)
     assert codes.max() <= 15 and scales.dtype == torch.float16 and zeros.dtype == torch.uint8
-    err = (dequantize_int4(codes, scales, zeros, 96) - w).abs().view(16, 3, 32)
-    assert (err <= scales.float()[..., None] / 2 + 1e-5).all()
+    s, z = scales.float()[..., None], zeros.float()[..., None]  # (N, G, 1)
+    groups = w.view(16, 3, 32)
+    err = (dequantize_int4(codes, scales, zeros, 96).view(16, 3, 32) - groups).abs()
+    inside = (groups >= -z * s) & (groups <= (15 - z) * s)  # what the whole-code zero point covers
+    assert (err[inside] <= (s / 2 + 1e-6).expand_as(err)[inside]).all()
+    assert (err <= s + 1e-6).all()  # the ends of the range: within one step
+    assert (15 * s[..., 0] >= groups.amax(-1).clamp(min=0) - groups.amin(-1).clamp(max=0)).all()
     assert (dequantize_int4(codes, scales, zeros, 96)[w == 0] == 0).all()  # 0 is always exact
 
 
