@@ -39,13 +39,13 @@ statistics of block i are those of its inputs with blocks < i already quantized.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..core.model import Transformer
-from .calibration import HessianAccumulator, LayerWalk
+from .calibration import HessianAccumulator, LayerWalk, check_positive_int, options_from
 from .quant import QuantizedLinear, QuantSpec, dequantize_int4, padded_groups, quantize_int4, replace_module
 
 
@@ -60,19 +60,13 @@ class AWQOptions:
 
     def __post_init__(self):
         for name in ("grid", "clip_grid", "batch_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            check_positive_int(name, getattr(self, name))
         if not isinstance(self.max_shrink, (int, float)) or not 0 <= self.max_shrink < 1:
             raise ValueError(f"max_shrink must be in [0, 1), got {self.max_shrink!r}")
 
     @classmethod
     def from_options(cls, options: dict) -> AWQOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"unknown AWQ option(s) {unknown}: choose from {sorted(known)}")
-        return cls(**options)
+        return options_from(cls, options, "AWQ")
 
 
 # ---------------------------------------------------------------------------------------------

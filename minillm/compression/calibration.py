@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import fields
 
 import torch
 from torch import Tensor, nn
@@ -233,3 +234,21 @@ class LayerWalk:
     def advance(self, run: Callable[[Tensor], Tensor]) -> None:
         with torch.no_grad():
             self.hidden = torch.cat([run(x) for x in _split(self.hidden, self.batch_size)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Options of the calibrated methods
+
+
+def check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def options_from(cls, options: dict, method: str):
+    """``cls(**options)`` for a method's options dataclass, naming any option it does not have."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown {method} option(s) {unknown}: choose from {sorted(known)}")
+    return cls(**options)

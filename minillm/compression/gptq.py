@@ -26,13 +26,13 @@ first column of the group comes up. With H = identity nothing is compensated and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..core.model import Transformer
-from .calibration import HessianAccumulator, LayerWalk
+from .calibration import HessianAccumulator, LayerWalk, check_positive_int, options_from
 from .quant import QuantizedLinear, QuantSpec, int4_codes, int4_group_params, padded_groups, replace_module
 
 
@@ -44,20 +44,14 @@ class GPTQOptions:
     batch_size: int = 8  # calibration windows per forward
 
     def __post_init__(self):
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
+        check_positive_int("block_size", self.block_size)
         if not isinstance(self.damp, (int, float)) or not 0 <= self.damp < 1:
             raise ValueError(f"damp must be in [0, 1) (a fraction of the mean of diag H), got {self.damp!r}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        check_positive_int("batch_size", self.batch_size)
 
     @classmethod
     def from_options(cls, options: dict) -> GPTQOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"unknown GPTQ option(s) {unknown}: choose from {sorted(known)}")
-        return cls(**options)
+        return options_from(cls, options, "GPTQ")
 
 
 def inverse_hessian_factor(hessian: Tensor, damp: float, size: int | None = None) -> tuple[Tensor, Tensor]:
