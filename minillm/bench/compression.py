@@ -69,7 +69,7 @@ TECHNIQUES = [
     Technique(
         "structured 25%",
         lambda m, c: prune_structured(m, heads=0.25, neurons=0.25, calibration=c),
-        "calibration (+ recovery)",
+        "calibration; recovery: training",
     ),
 ]
 TECHNIQUE_NAMES = tuple(t.name for t in TECHNIQUES)

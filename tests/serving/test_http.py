@@ -276,8 +276,13 @@ def test_a_client_gone_before_its_stream_starts_aborts_the_request(checkpoint):
         with contextlib.suppress(Exception):  # the app reports the failed send; the request is what matters
             asyncio.run(asyncio.wait_for(app(scope, receive, send), 30))
         deadline = time.monotonic() + 30
-        while engine.stats["running"] or engine.stats["waiting"] or engine.stats["kv_blocks_used"]:
-            assert time.monotonic() < deadline, "the request kept running"
+
+        def settled() -> bool:  # the stats are a snapshot after each step: wait for the abort's own
+            s = engine.stats
+            return bool(s.get("finished_abort")) and not (s["running"] or s["waiting"] or s["kv_blocks_used"])
+
+        while not settled():
+            assert time.monotonic() < deadline, f"the request was not aborted: {engine.stats}"
             time.sleep(0.01)
         assert engine.stats.get("finished_abort") == 1 and engine.stats["generated_tokens"] < 400
     finally:
