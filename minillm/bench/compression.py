@@ -411,3 +411,34 @@ def format_compression(result: dict) -> str:
         parts.append(format_quality(result))
     parts.append(format_summary(result))
     return "\n\n".join(parts)
+
+
+def format_gpu_decode(gpu_check: dict) -> str | None:
+    """The compression rows of a saved ``make gpu-check`` (None if it has none): decode of a random
+    Llama-3-8B in 16 bits and quantized, CUDA-graphed tokens/s at batch 1 and 16."""
+    section = gpu_check.get("sections", {}).get("compression", {})
+    rows = []
+    for r in section.get("decode", []):
+        b1, b16 = r.get("batch_1", {}), r.get("batch_16", {})
+        rows.append(
+            {
+                "weights": r.get("scheme"),
+                "GB": r["model_bytes"] / 1e9 if "model_bytes" in r else None,
+                "b1": b1.get("graphed_tokens_per_s"),
+                "b16": b16.get("graphed_tokens_per_s"),
+                "GB/s": b1.get("GB_s"),
+                "note": r.get("skipped") or r.get("error", "")[:40] or None,
+            }
+        )
+    if not rows:
+        return None
+    columns = {
+        "weights": "weights",
+        "GB": "GB",
+        "b1": "tok/s b1",
+        "b16": "tok/s b16",
+        "GB/s": "GB/s b1",
+        "note": "note",
+    }
+    title = f"make gpu-check: {section.get('model', 'Llama-3-8B')}, CUDA graphs, on {gpu_check.get('gpu', '?')}"
+    return format_table(rows, columns, title=title)

@@ -191,7 +191,9 @@ def print_goals(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results", help="root folder of the results (default: results)")
+    parser.add_argument(
+        "--results", default=None, help="root folder of the results (default: the package's store, minillm/results)"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check needs a CUDA GPU (torch.cuda.is_available() is False): nothing measured, nothing written.")

@@ -9,6 +9,7 @@ from minillm.bench.compression import (
     baseline_perplexity,
     bench_compression,
     format_compression,
+    format_gpu_decode,
     structured_shape,
     summary_rows,
 )
@@ -73,3 +74,26 @@ def test_a_small_run_has_every_table():
 
 def test_every_technique_has_a_unique_name():
     assert len(set(TECHNIQUE_NAMES)) == len(TECHNIQUE_NAMES) == 13
+
+
+def test_saved_gpu_check_rows_become_a_table():
+    saved = {
+        "gpu": "NVIDIA H200",
+        "sections": {
+            "compression": {
+                "model": "Llama-3-8B (random weights)",
+                "decode": [
+                    {
+                        "scheme": "bf16",
+                        "model_bytes": 16.06e9,
+                        "batch_1": {"graphed_tokens_per_s": 200.0, "GB_s": 3212.0},
+                    },
+                    {"scheme": "int4-g128", "model_bytes": 4.5e9, "batch_1": {"graphed_tokens_per_s": 390.0}},
+                    {"scheme": "fp8", "skipped": "fp8 e4m3 needs compute capability 8.9"},
+                ],
+            }
+        },
+    }
+    text = format_gpu_decode(saved)
+    assert "NVIDIA H200" in text and "int4-g128" in text and "390" in text and "needs compute" in text
+    assert format_gpu_decode({"sections": {}}) is None
