@@ -141,17 +141,31 @@ def _split(x: Tensor, batch_size: int) -> Iterator[Tensor]:
         yield x[i : i + batch_size]
 
 
+def capture_inputs(
+    model: nn.Module, names: Iterable[str], batches: Tensor, record: Callable[[str, Tensor], None], batch_size: int = 8
+) -> None:
+    """Run ``batches`` (n, T) token ids through the whole model (in eval mode, ``batch_size`` windows
+    per forward); ``record(name, x)`` sees the input x (..., in_features) of each named linear. A
+    forward stops once every named linear has read its input."""
+    batches = check_calibration(model, batches)
+    was_training = model.training
+    model.eval()
+    try:
+        _run_watched(model, list(names), record, _split(batches, batch_size), model)
+    finally:
+        model.train(was_training)
+
+
 def layer_inputs(model: Transformer, names: Iterable[str], batches: Tensor, batch_size: int = 8) -> dict[str, Tensor]:
     """What each named linear reads when the model runs over ``batches`` (n, T) token ids:
     {name: Tensor (n * T, in_features)} in fp32."""
     names = list(names)
-    batches = check_calibration(model, batches)
     seen: dict[str, list[Tensor]] = {name: [] for name in names}
 
     def record(name: str, x: Tensor) -> None:
         seen[name].append(x.detach().reshape(-1, x.shape[-1]).float())
 
-    _run_watched(model, names, record, _split(batches, batch_size), model)
+    capture_inputs(model, names, batches, record, batch_size)
     return {name: torch.cat(xs) for name, xs in seen.items()}
 
 
@@ -161,9 +175,8 @@ def input_statistics(
     """``HessianAccumulator`` of each named linear's inputs over ``batches`` (n, T) run through the
     whole model, streamed (only the (K, K) sums are kept, not the activations)."""
     names = list(names)
-    batches = check_calibration(model, batches)
     stats = {name: HessianAccumulator(model.get_submodule(name).in_features, model.device) for name in names}
-    _run_watched(model, names, lambda n, x: stats[n].add(x), _split(batches, batch_size), model)
+    capture_inputs(model, names, batches, lambda n, x: stats[n].add(x), batch_size)
     return stats
 
 

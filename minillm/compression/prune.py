@@ -27,48 +27,20 @@ Structured pruning, which removes whole heads and neurons, is in ``structured.py
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
 
+from .calibration import capture_inputs
 from .quant import linear_layers, quantized_layers
 
 METHODS = ("magnitude", "wanda")
 PATTERNS = ("unstructured", "2:4")
-CALIBRATION_BATCH = 8  # calibration windows per forward pass
 
 
 # ---------------------------------------------------------------------------------------------
 # Calibration: statistics of the inputs of chosen layers
-
-
-def _check_calibration(calibration: Tensor) -> None:
-    if not isinstance(calibration, Tensor) or calibration.dim() != 2 or calibration.dtype != torch.long:
-        got = tuple(calibration.shape) if isinstance(calibration, Tensor) else type(calibration).__name__
-        raise ValueError(f"calibration must be a LongTensor of token ids (n, T), got {got}")
-
-
-@torch.no_grad()
-def _capture_inputs(
-    model: nn.Module, calibration: Tensor, modules: dict[str, nn.Module], record: Callable[[str, Tensor], None]
-) -> None:
-    """Run the calibration windows through the model; ``record(name, x)`` sees the input x
-    (..., in_features) of each named module at every call."""
-    _check_calibration(calibration)
-    hooks = [
-        module.register_forward_hook(lambda _m, args, _out, name=name: record(name, args[0]))
-        for name, module in modules.items()
-    ]
-    was_training = model.training
-    model.eval()
-    try:
-        for batch in calibration.to(model.device).split(CALIBRATION_BATCH):
-            model(batch)
-    finally:
-        for hook in hooks:
-            hook.remove()
-        model.train(was_training)
 
 
 def _input_norms(model: nn.Module, calibration: Tensor, modules: dict[str, nn.Module]) -> dict[str, Tensor]:
@@ -80,7 +52,7 @@ def _input_norms(model: nn.Module, calibration: Tensor, modules: dict[str, nn.Mo
         sq = x.detach().float().pow(2).flatten(0, -2).sum(0)  # (in_features,)
         sums[name] = sums[name] + sq if name in sums else sq
 
-    _capture_inputs(model, calibration, modules, record)
+    capture_inputs(model, modules, calibration, record)
     return {name: s.sqrt() for name, s in sums.items()}
 
 

@@ -251,12 +251,18 @@ class QuantizedLinear(nn.Module):
 
     # -- the fast path ----------------------------------------------------------------------
 
-    def forward(self, x: Tensor) -> Tensor:
-        key = (x.device, x.dtype)
+    def kernel(self, device: torch.device, dtype: torch.dtype) -> Kernel | None:
+        """The fast kernel for ``dtype`` activations on ``device`` (chosen and packed once, then
+        remembered), or None for the reference path; ``path`` names what runs."""
+        key = (device, dtype)
         if key not in self._fast:
-            self._fast[key] = fast_kernel(self, x.device, x.dtype)
+            self._fast[key] = fast_kernel(self, device, dtype)
         kernel = self._fast[key]
         self.path = kernel.name if kernel is not None else "reference"
+        return kernel
+
+    def forward(self, x: Tensor) -> Tensor:
+        kernel = self.kernel(x.device, x.dtype)
         if kernel is None:
             return self.forward_reference(x)
         y = kernel(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
@@ -351,10 +357,7 @@ def prepare_kernels(model: nn.Module, dtype: torch.dtype | None = None) -> None:
     if dtype is None:
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     for layer in quantized_layers(model).values():
-        key = (layer.qweight.device, dtype)
-        if key not in layer._fast:
-            layer._fast[key] = fast_kernel(layer, *key)
-            layer.path = layer._fast[key].name if layer._fast[key] is not None else "reference"
+        layer.kernel(layer.qweight.device, dtype)
 
 
 def model_bytes(model: nn.Module) -> int:

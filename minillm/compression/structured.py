@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from ..core.model import MLP, Attention
 from ..training.train import TrainConfig, encode_split, fit, load_tokenizer
-from .prune import _capture_inputs, _check_prunable, _input_norms
+from .calibration import capture_inputs
+from .prune import _check_prunable, _input_norms
 from .quant import linear_layers
 
 # ---------------------------------------------------------------------------------------------
@@ -92,7 +93,6 @@ def _head_input_grams(model: nn.Module, calibration: Tensor) -> list[Tensor]:
     calibration tokens (the input of o_proj, split by head)."""
     blocks = _blocks(model)
     names = {f"layers.{i}.self_attn.o_proj": i for i in range(len(blocks))}
-    modules = {name: blocks[i][0].o_proj for name, i in names.items()}
     grams: dict[int, Tensor] = {}
 
     def record(name: str, x: Tensor) -> None:
@@ -102,7 +102,7 @@ def _head_input_grams(model: nn.Module, calibration: Tensor) -> list[Tensor]:
         i = names[name]
         grams[i] = grams[i] + g if i in grams else g
 
-    _capture_inputs(model, calibration, modules, record)
+    capture_inputs(model, names, calibration, record)
     return [grams[i] for i in range(len(blocks))]
 
 
