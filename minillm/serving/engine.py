@@ -146,7 +146,7 @@ class Engine:
                 f"request {request.id}: prompt {len(request.prompt)} + max_tokens "
                 f"{request.max_tokens} exceeds the context length {context}"
             )
-        need = self.scheduler.blocks_needed(request)
+        need = self._blocks_needed(request)
         if need > self.config.num_blocks:
             raise RequestTooLargeError(
                 f"request {request.id} needs {need} blocks of {self.config.block_size} tokens "
@@ -156,6 +156,10 @@ class Engine:
             check_vocabulary([request.prompt], self.model.config.vocab_size)
         except ValueError as e:
             raise ValueError(f"request {request.id}: {e}") from None
+
+    def _blocks_needed(self, request: Request) -> int:
+        """The KV blocks a request needs in this engine's pool at most."""
+        return self.scheduler.blocks_needed(request)
 
     def add_request(self, request: Request) -> int:
         """Queue a request (it joins when the clock reaches its arrival); returns its id."""
@@ -309,10 +313,21 @@ class Engine:
                 continue
             seq.tokens.append(token)
             seq.token_times.append(self.now)
-            if seq.finished:
-                self.scheduler.finish(seq)
-                finished.append(self._output(seq))
+            if self._done(seq):
+                out = self._retire(seq)
+                if out is not None:
+                    finished.append(out)
         return finished
+
+    def _done(self, seq: SequenceState) -> bool:
+        """Whether this engine is done with a sequence that just got a token (a disaggregated
+        prefill worker is done after the first; ``serving.disagg``)."""
+        return seq.finished
+
+    def _retire(self, seq: SequenceState) -> RequestOutput | None:
+        """Free a done sequence's blocks and return its output (None: it goes on elsewhere)."""
+        self.scheduler.finish(seq)
+        return self._output(seq)
 
     def _output(self, seq: SequenceState, finish_reason: str | None = None) -> RequestOutput:
         r = seq.request
