@@ -219,7 +219,8 @@ def _checkpoint_dtype(cfg: dict) -> torch.dtype:
     return getattr(torch, str(name).removeprefix("torch."), torch.float32)
 
 
-def load_model(directory: Path, device=None, dtype: torch.dtype | None = None) -> Transformer:
+def read_config(directory: Path) -> tuple[ModelConfig, dict]:
+    """A checkpoint directory's model config (and its raw config.json, merged with generation_config's eos)."""
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"no config.json in {directory}")
@@ -245,6 +246,11 @@ def load_model(directory: Path, device=None, dtype: torch.dtype | None = None) -
         config = config_from_hf(raw, name=directory.name)
     except CheckpointError as e:
         raise CheckpointError(f"{directory}: {e}") from e
+    return config, raw
+
+
+def load_model(directory: Path, device=None, dtype: torch.dtype | None = None) -> Transformer:
+    config, raw = read_config(directory)
     device = torch.device(device) if device is not None else best_device()
     if dtype is None:  # the checkpoint's own dtype on an accelerator; fp32 on a CPU
         dtype = torch.float32 if device.type == "cpu" else _checkpoint_dtype(raw)
