@@ -155,6 +155,7 @@ def test_every_presets_num_params_matches_the_model_built_from_it(name):
     "name, total",
     [
         ("Llama-3-8B", 8.03e9),
+        ("Llama-3-70B", 70.554e9),
         ("Llama-3.2-1B", 1.236e9),  # tied embeddings: the 262M-parameter matrix is counted once
         ("Llama-3.2-3B", 3.213e9),
         ("Llama-2-7B", 6.738e9),
