@@ -158,7 +158,7 @@ def plot_itl_series(runs: Mapping[str, Sequence[tuple[float, float]]], arrivals:
     """Each output token's gap since its request's previous token (ms) against the time it came
     out (s), one panel per run (shared y), the run's p99 gap a horizontal line; dashed verticals
     where long prompts arrive. Colocated, a long prompt's prefill stalls every decode beside it
-    (Agrawal et al., 2024); disaggregated, the decode workers do not see it."""
+    (Agrawal et al., 2023); disaggregated, the decode workers do not see it."""
     if not runs:
         raise ValueError("plot_itl_series: runs is empty")
     for name, points in runs.items():
