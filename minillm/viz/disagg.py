@@ -1,0 +1,293 @@
+"""Chapter 14's pictures: a disaggregated deployment drawn as boxes and arrows (prefill and
+decode on separate workers, the prompt's K/V handed from one to the other, as in Splitwise,
+Patel et al., 2024, and DistServe, Zhong et al., 2024) beside a colocated one, the token gaps a
+long prompt causes when both phases share a batch, goodput against the request rate, goodput
+per worker by prefill:decode ratio, and how long the K/V take to cross each link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+from ..measure.metrics import percentiles
+
+PHASE_COLORS = {"prefill": "#fdd0a2", "decode": "#c6dbef", "colocated": "#d9d9d9", "router": "#e5f5e0"}
+MODE_COLORS = {"colocated": "tab:red", "chunked": "tab:orange"}  # disaggregated modes: the next colors
+BEST_COLOR, OTHER_COLOR = "tab:green", "0.65"
+SIMULATED_NOTE = "simulated clock (cost model)"
+LABEL_BOX = {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5}  # keeps a value readable over a line
+
+
+# ---------------------------------------------------------------------------------------------
+# The drawings
+
+
+def _box(ax, x: float, y: float, w: float, h: float, text: str, color: str, fontsize: float = 9, **kw):
+    """A rounded box with its lower left corner at (x, y), ``text`` centred in it."""
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08", fc=color, ec="0.3", **kw))
+    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
+
+
+def _arrow(ax, start: tuple[float, float], end: tuple[float, float], color: str = "0.25", **kw):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color=color, lw=1.2, **kw))
+
+
+def _worker(ax, x: float, y: float, w: float, h: float, name: str, color: str) -> None:
+    """A worker: its name on top, inside it a model copy and a paged KV pool."""
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.1", fc=color, ec="0.3"))
+    ax.text(x + w / 2, y + h - 0.2, name, ha="center", va="center", fontsize=9, weight="bold")
+    inner_w, inner_h = w - 0.3, (h - 0.55) / 2
+    for i, part in enumerate(("model copy", "paged KV pool")):
+        _box(ax, x + 0.15, y + 0.1 + (1 - i) * (inner_h + 0.1), inner_w, inner_h, part, "white", fontsize=8)
+
+
+def _column(n: int, top: float, bottom: float, gap: float = 0.3) -> list[tuple[float, float]]:
+    """(y, height) of ``n`` boxes stacked from ``top`` to ``bottom``, top one first."""
+    h = min(1.45, (top - bottom - gap * (n - 1)) / n)
+    total = n * h + gap * (n - 1)
+    first = (top + bottom + total) / 2 - h
+    return [(first - i * (h + gap), h) for i in range(n)]
+
+
+def _canvas(width: float, height: float, title: str):
+    fig, ax = plt.subplots(figsize=(width, height))
+    ax.set(xlim=(0, width), ylim=(0, height))
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title, fontsize=10)
+    return fig, ax
+
+
+def _check_workers(**counts: int) -> None:
+    for name, n in counts.items():
+        if not 1 <= n <= 4:
+            raise ValueError(f"{name} must be between 1 and 4 for a readable drawing, got {n}")
+
+
+def _clients_and_router(ax, mid: float) -> None:
+    """Clients at the left, the router beside them, the requests' arrow between."""
+    _box(ax, 0.1, mid - 0.6, 0.75, 1.2, "clients", "white", fontsize=10)
+    _box(ax, 1.55, mid - 0.6, 0.9, 1.2, "router\n(picks the\nworkers)", PHASE_COLORS["router"], fontsize=8)
+    _arrow(ax, (0.87, mid), (1.53, mid))
+    ax.text(1.2, mid + 0.08, "requests", ha="center", va="bottom", fontsize=7)
+
+
+def _return_path(ax, start_x: float, start_y: float, y: float, end_y: float, label: str) -> None:
+    """The tokens' way back: down from ``(start_x, start_y)`` to ``y``, left, up to the clients at ``end_y``."""
+    ax.plot([start_x, start_x, 0.475], [start_y, y, y], color="tab:blue", lw=1.2)
+    _arrow(ax, (0.475, y), (0.475, end_y - 0.02), color="tab:blue")
+    ax.text((start_x + 0.475) / 2, y + 0.07, label, ha="center", va="bottom", fontsize=8, color="tab:blue")
+
+
+def draw_disaggregation(prefill_workers: int = 1, decode_workers: int = 1, title: str = ""):
+    """Clients send requests to a router, which gives each prompt to one of the prefill workers
+    and names a decode worker; the prefill worker runs the prompt, samples the first token and
+    sends the K/V blocks of every layer with the first token to that decode worker
+    (``torch.distributed`` send/recv), which decodes the rest and streams the tokens back. Each
+    worker holds its own copy of the model and its own paged KV pool (Zhong et al., 2024)."""
+    _check_workers(prefill_workers=prefill_workers, decode_workers=decode_workers)
+    fig, ax = _canvas(9.0, 4.5, title)
+    top, bottom, mid = 4.35, 1.1, 2.725
+    _clients_and_router(ax, mid)
+    px, dx, w = 3.3, 7.15, 1.75
+    prefill = _column(prefill_workers, top, bottom)
+    decode = _column(decode_workers, top, bottom)
+    for i, (y, h) in enumerate(prefill):
+        _worker(ax, px, y, w, h, f"prefill worker {i}", PHASE_COLORS["prefill"])
+        _arrow(ax, (2.47, mid), (px - 0.03, y + h / 2))
+    ax.text((2.47 + px) / 2, mid - 0.08, "prompts", ha="center", va="top", fontsize=7)
+    for j, (y, h) in enumerate(decode):
+        _worker(ax, dx, y, w, h, f"decode worker {j}", PHASE_COLORS["decode"])
+    for y_p, h_p in prefill:
+        for y_d, h_d in decode:
+            _arrow(ax, (px + w + 0.03, y_p + h_p / 2), (dx - 0.03, y_d + h_d / 2), color="tab:purple")
+    lowest = min(y + h / 2 for y, h in prefill + decode)
+    kv_label = "KV blocks (all layers)\n+ first token\n(torch.distributed\nsend/recv)"
+    ax.text((px + w + dx) / 2, lowest - 0.12, kv_label, ha="center", va="top", fontsize=8, color="tab:purple")
+    _return_path(ax, dx + w / 2, decode[-1][0], 0.4, mid - 0.6, "tokens streamed back to the clients")
+    return fig
+
+
+def draw_colocated(workers: int = 2, title: str = ""):
+    """The deployment chapter 13 built, for comparison: every worker runs prefill and decode of
+    its requests in the same batches (continuous batching), so a long prompt delays the tokens
+    of everyone decoding beside it."""
+    _check_workers(workers=workers)
+    fig, ax = _canvas(9.0, 4.5, title)
+    top, bottom, mid = 4.35, 1.1, 2.725
+    _clients_and_router(ax, mid)
+    x, w = 4.3, 2.8
+    column = _column(workers, top, bottom)
+    for i, (y, h) in enumerate(column):
+        _worker(ax, x, y, w, h, f"worker {i} (prefill + decode)", PHASE_COLORS["colocated"])
+        _arrow(ax, (2.47, mid), (x - 0.03, y + h / 2))
+    ax.text((2.47 + x) / 2, mid - 0.08, "whole requests", ha="center", va="top", fontsize=7)
+    _return_path(ax, x + w / 2, column[-1][0], 0.4, mid - 0.6, "all tokens streamed back to the clients")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# The plots
+
+
+def _require(rows: Sequence[Mapping], keys: Sequence[str], where: str) -> None:
+    if not rows:
+        raise ValueError(f"{where}: rows is empty")
+    for i, r in enumerate(rows):
+        missing = [k for k in keys if k not in r]
+        if missing:
+            raise ValueError(f"{where}: row {i} lacks {', '.join(missing)}")
+
+
+def mode_colors(modes: Sequence[str]) -> dict[str, str]:
+    """One color per serving mode: colocated red, chunked orange, disaggregated ones the rest."""
+    spare = iter(c for c in ("tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:cyan"))
+    return {m: MODE_COLORS.get(m) or next(spare, "0.3") for m in modes}
+
+
+def _suptitle(fig, title: str, measured: bool) -> None:
+    note = "" if measured else SIMULATED_NOTE
+    fig.suptitle(", ".join(part for part in (title, note) if part))
+
+
+def plot_itl_series(runs: Mapping[str, Sequence[tuple[float, float]]], arrivals: Sequence[float] = (), title: str = ""):
+    """Each output token's gap since its request's previous token (ms) against the time it came
+    out (s), one panel per run (shared y), the run's p99 gap a horizontal line; dashed verticals
+    where long prompts arrive. Colocated, a long prompt's prefill stalls every decode beside it
+    (Agrawal et al., 2023); disaggregated, the decode workers do not see it."""
+    if not runs:
+        raise ValueError("plot_itl_series: runs is empty")
+    for name, points in runs.items():
+        if len(points) == 0:
+            raise ValueError(f"plot_itl_series: run {name!r} has no token gaps")
+    n = len(runs)
+    fig, axes = plt.subplots(1, n, figsize=(min(4.8 * n, 14), 3.6), sharey=True, squeeze=False)
+    for ax, (name, points) in zip(axes[0], runs.items()):
+        t, gap = np.asarray(points, dtype=float).T
+        ax.plot(t, gap, ".", ms=3, alpha=0.6, color="tab:blue", label="a token's gap")
+        p99 = percentiles(gap, (99,))["p99"]
+        ax.axhline(p99, color="tab:red", lw=1.2, label="the run's p99 gap")
+        for k, a in enumerate(arrivals):
+            ax.axvline(a, color="0.4", ls="--", lw=0.9, label="long prompt arrives" if k == 0 else None)
+        ax.set_title(f"{name}: p99 gap {p99:.1f} ms", fontsize=10)
+        ax.set_xlabel("time the token came out (s)")
+    axes[0, 0].set_ylabel("gap since the request's\nprevious token (ms)")
+    axes[0, 0].set_ylim(bottom=0)
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # the legend below the panels
+    return fig
+
+
+def plot_goodput_vs_rate(rows: Sequence[Mapping], title: str = "", measured: bool = True):
+    """Left: goodput (requests/s that met the SLO) against the offered rate, one line per mode;
+    on the dashed diagonal every request meets it. Right: the share of requests within the SLO.
+    Goodput as the measure of a serving system: Zhong et al., 2024."""
+    _require(rows, ("mode", "rate", "goodput_rps", "slo_met_pct"), "plot_goodput_vs_rate")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    colors = mode_colors(modes)
+    for mode in modes:
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["rate"])
+        x = [r["rate"] for r in mine]
+        ax1.plot(x, [r["goodput_rps"] for r in mine], "o-", color=colors[mode], label=mode)
+        ax2.plot(x, [r["slo_met_pct"] for r in mine], "o-", color=colors[mode], label=mode)
+    top = max(r["rate"] for r in rows)
+    ax1.plot([0, top], [0, top], color="gray", ls="--", lw=1, label="all requests within SLO")
+    ax1.set(xlabel="offered load (requests/s)", ylabel="goodput (requests/s within SLO)", xlim=(0, None))
+    ax1.set_ylim(0, 1.05 * top)
+    ax2.set(xlabel="offered load (requests/s)", ylabel="requests within SLO (%)", ylim=(0, 105), xlim=(0, None))
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8, loc="lower left")
+    _suptitle(fig, title, measured)
+    fig.tight_layout()
+    return fig
+
+
+def best_ratio(rows: Sequence[Mapping]) -> Mapping:
+    """The row with the most goodput per worker (the first of equals)."""
+    _require(rows, ("ratio", "goodput_per_worker"), "best_ratio")
+    return max(rows, key=lambda r: r["goodput_per_worker"])
+
+
+def plot_pd_ratio(rows: Sequence[Mapping], title: str = ""):
+    """Goodput per worker for each prefill:decode split, best one in green and each bar
+    labelled with the split's total goodput on its workers: the ratio that keeps both pools
+    busy depends on the prompt and answer lengths (Zhong et al., 2024)."""
+    _require(rows, ("ratio", "goodput_rps", "goodput_per_worker"), "plot_pd_ratio")
+    for i, r in enumerate(rows):
+        if "workers" not in r and "gpus" not in r:
+            raise ValueError(f"plot_pd_ratio: row {i} lacks workers (or gpus)")
+    best = best_ratio(rows)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(len(rows))
+    heights = [r["goodput_per_worker"] for r in rows]
+    colors = [BEST_COLOR if r is best else OTHER_COLOR for r in rows]
+    bars = ax.bar(x, heights, 0.6, color=colors)
+    for bar, r in zip(bars, rows):
+        workers = r.get("workers", r.get("gpus"))
+        note = f"{r['goodput_rps']:.3g} req/s\non {workers} workers" + ("\nbest" if r is best else "")
+        ax.annotate(
+            note,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            textcoords="offset points",
+            xytext=(0, 3),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax.set_xticks(x, [r["ratio"] for r in rows])
+    ax.set_ylim(0, 1.3 * max(heights) if max(heights) > 0 else 1)  # room for the labels
+    ax.set(xlabel="prefill workers : decode workers", ylabel="goodput per worker (requests/s within SLO)")
+    ax.grid(axis="x", visible=False)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_kv_transfer(rows: Sequence[Mapping], title: str = ""):
+    """How long one prompt's K/V take to cross each link (log scale), one group of bars per
+    model; the dark vertical line in each group is that model's prefill of the same prompt. A
+    transfer well left of its line hides behind the next prefill (Patel et al., 2024)."""
+    _require(rows, ("model", "link", "transfer_ms", "prefill_ms"), "plot_kv_transfer")
+    for i, r in enumerate(rows):
+        if not (r["transfer_ms"] > 0 and r["prefill_ms"] > 0):
+            raise ValueError(f"plot_kv_transfer: row {i} needs transfer_ms and prefill_ms > 0 on a log axis")
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    links = list(dict.fromkeys(r["link"] for r in rows))
+    colors = {link: f"C{i}" for i, link in enumerate(links)}
+    height = 0.8 / len(links)
+    fig, ax = plt.subplots(figsize=(9, 1.8 + 0.25 * len(links) * len(models) + 0.3 * len(models)))
+    for g, model in enumerate(models):
+        mine = {r["link"]: r for r in rows if r["model"] == model}
+        for j, link in enumerate(links):
+            if link not in mine:
+                continue
+            y, ms = g + j * height, mine[link]["transfer_ms"]
+            ax.barh(y, ms, height * 0.9, color=colors[link], label=None if link in _labels(ax) else link)
+            ax.text(ms * 1.08, y, f"{ms:.3g} ms", va="center", fontsize=7, bbox=LABEL_BOX, zorder=3)
+        prefill = next(r["prefill_ms"] for r in rows if r["model"] == model)
+        span = (g - 0.5 * height, g + (len(links) - 0.5) * height)
+        ax.vlines(
+            prefill, *span, color="black", lw=1.5, ls="--", zorder=2, label="prefill of the prompt" if g == 0 else None
+        )
+        ax.text(prefill, span[0], f"prefill {prefill:.3g} ms", va="bottom", ha="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yticks(np.arange(len(models)) + height * (len(links) - 1) / 2, models)
+    ax.invert_yaxis()
+    values = [r["transfer_ms"] for r in rows] + [r["prefill_ms"] for r in rows]
+    ax.set_xlim(min(values) / 3, max(values) * 6)  # room for the value labels
+    ax.set(xlabel="time to send one prompt's K/V (ms, log)")
+    ax.grid(axis="y", visible=False)
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=min(3, len(links) + 1), fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))  # the legend below the axes
+    return fig
+
+
+def _labels(ax) -> set[str]:
+    return set(ax.get_legend_handles_labels()[1])
