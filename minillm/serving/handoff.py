@@ -32,17 +32,11 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ..core.config import ModelConfig
 from ..kv.paged import blocks_for
+from ..measure.links import kv_bytes as kv_handoff_bytes  # 2 x layers x kv heads x head dim x tokens x bytes
 from .engine import Engine, RequestOutput, SimulatedModel
 from .scheduler import SequenceState
 from .workload import Request
-
-
-def kv_handoff_bytes(config: ModelConfig, tokens: int, dtype_bytes: int) -> int:
-    """Bytes of K and V a prefill hands to a decode worker for ``tokens`` prompt tokens:
-    2 x n_layers x n_kv_heads x head_dim x tokens x dtype_bytes."""
-    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * tokens * dtype_bytes
 
 
 @dataclass
