@@ -39,7 +39,7 @@ import traceback
 import weakref
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -163,6 +163,7 @@ class _Worker:
     def __init__(self, spec: _WorkerSpec, model, inbox, outbox, inboxes):
         self.spec, self.model, self.inbox, self.outbox, self.inboxes = spec, model, inbox, outbox, inboxes
         self.engine: Engine | None = None
+        self.run_config = spec.config
         self.t0 = time.perf_counter()
         self.decoder_of: dict[int, int] = {}  # prefill: request id -> decode rank
         self.sends: list[tuple[object, torch.Tensor]] = []  # prefill: (isend work, tensor) in flight
@@ -173,7 +174,7 @@ class _Worker:
         return time.perf_counter() - self.t0
 
     def new_engine(self) -> Engine:
-        role, c = self.spec.role, self.spec.config
+        role, c = self.spec.role, self.run_config
         if role == "prefill":
             return PrefillEngine(self.model, c.prefill)
         if role == "decode":
@@ -205,7 +206,8 @@ class _Worker:
         kind = message[0]
         if kind == "start":  # a new run: a fresh engine, the common clock origin
             self.finish_sends()
-            self.t0, self.engine, self.steps = message[1], self.new_engine(), 0
+            self.t0, self.run_config, self.steps = message[1], message[2], 0
+            self.engine = self.new_engine()
             self.decoder_of.clear()
             self.waiting.clear()
         elif kind == "request":  # prefill or colocated: (request, decode rank)
@@ -303,7 +305,6 @@ class _Cluster:
         self.roles = list(roles)
         self.model_dir = str(resolve(model_name_or_path))  # a bad name fails here, before any process
         self.model_config = read_config(Path(self.model_dir))[0]
-        self._checkers = {role: _checker(role, self.model_config, self.config) for role in set(self.roles)}
         self._procs: list = []
         self._closed = False
         self.step_logs: dict[int, list[StepRecord]] = {}
@@ -379,10 +380,16 @@ class _Cluster:
 
     # -- a run ---------------------------------------------------------------------------------
 
-    def run(self, requests: Iterable[Request]) -> list[DisaggOutput]:
-        """Serve ``requests`` (arrivals in seconds from the start of the run); outputs in the order given."""
+    def run(self, requests: Iterable[Request], config: DisaggConfig | None = None) -> list[DisaggOutput]:
+        """Serve ``requests`` (arrivals in seconds from the start of the run); outputs in the order given.
+        ``config``: the worker engines' configs (``prefill``, ``decode``) for this run only, e.g. another
+        token budget; its other fields (dtype, threads, timeout, ...) are the engine's own."""
         if self._closed:
             raise RuntimeError("this engine was closed")
+        run_config = (
+            self.config if config is None else replace(self.config, prefill=config.prefill, decode=config.decode)
+        )
+        self._checkers = {role: _checker(role, self.model_config, run_config) for role in set(self.roles)}
         requests = copy_requests(list(requests))
         self._number(requests)
         outputs: dict[int, DisaggOutput] = {r.id: o for r in requests if (o := self._reject(r)) is not None}
@@ -392,7 +399,7 @@ class _Cluster:
         where: dict[int, dict] = {rid: {} for rid in left}
         t0 = time.perf_counter()
         for inbox in self.inboxes:
-            inbox.put(("start", t0))
+            inbox.put(("start", t0, run_config))
         while left:
             now = time.perf_counter() - t0
             while todo and todo[0].arrival <= now:
