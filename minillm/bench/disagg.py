@@ -1,0 +1,277 @@
+"""Chapter 14's measurements: colocated, chunked and disaggregated serving side by side, with
+real worker processes on this machine, and GPU-sized configurations on the simulated clock.
+
+1. ``bench_disagg`` (``python -m minillm bench disagg``): the same workloads through two
+   colocated replicas (each an engine doing prefill and decode; once without and once with
+   chunked prefill) and through one prefill + one decode worker: the same number of processes,
+   so the same cores. The interference workload (decodes running while long prompts arrive)
+   gives each mode's inter-token gaps; a chat-like Poisson workload at several rates gives TTFT
+   and TPOT p50/p99 and goodput under an SLO; the disaggregated runs give the K/V bytes moved
+   (checked against the formula) and the time each transfer took, and the steps of each worker
+   fit chapter 13's step-cost model (prefill and decode apart).
+2. ``kv_transfer_table``: what moving one request's K/V would take on real links, next to its
+   prefill (``measure.links``).
+
+    figures = bench_disagg(DisaggBench(rates=(2.0, 4.0)))
+    print(format_disagg(figures))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from ..core.config import check_field_types, preset
+from ..measure.links import LINKS, kv_bytes, kv_transfer_rows
+from ..measure.metrics import SLO, goodput, latency_percentiles, percentiles, throughput
+from ..serving.disagg import DisaggConfig, DisaggOutput, DisaggregatedEngine, ReplicatedEngine
+from ..serving.engine import EngineConfig
+from ..serving.scheduler import SchedulerConfig
+from ..serving.step_cost import fit_step_cost
+from ..serving.workload import Request, chat_trace, requests_from_trace
+from .batching import SIGMA, InterferenceWorkload, interference_workload, itl_figures
+from .report import finish_provenance, format_table, provenance
+
+MODES = ("colocated", "chunked", "disagg 1:1")
+
+
+@dataclass(frozen=True)
+class DisaggBench:
+    """The options of ``bench_disagg``: the workers' engines, the two workloads and the SLO."""
+
+    model: str = "minillm-target"
+    max_batch: int = 16  # sequences per step in every worker
+    num_blocks: int = 512  # KV blocks per worker
+    block_size: int = 16
+    token_budget: int = 128  # chunked prefill: tokens per step at most
+    interference: InterferenceWorkload = field(default_factory=InterferenceWorkload)
+    rates: tuple[float, ...] = (2.0, 4.0, 8.0)  # requests/s of the chat-like workload, one run each
+    n_requests: int = 32  # requests per rate
+    prompt_median: float = 256  # tokens (lognormal)
+    output_median: float = 48  # tokens (lognormal)
+    max_len: int = 1024  # prompt + output at most
+    slo: SLO = field(default_factory=lambda: SLO(ttft=1.0, tpot=0.04))
+    seed: int = 0
+    timeout: float = 120.0  # seconds, every wait inside the engines
+
+    def __post_init__(self) -> None:
+        check_field_types(self, ints=("max_batch", "num_blocks", "block_size", "token_budget", "n_requests", "max_len"))
+        if not self.rates or any(not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0) for r in self.rates):
+            raise ValueError(f"rates must be positive requests/s, got {self.rates!r}")
+
+    def config(self, chunked: bool = False) -> DisaggConfig:
+        sched = SchedulerConfig("continuous", self.max_batch, token_budget=self.token_budget if chunked else None)
+        engine = EngineConfig(self.num_blocks, self.block_size, scheduler=sched)
+        plain = EngineConfig(self.num_blocks, self.block_size, scheduler=replace(sched, token_budget=None))
+        return DisaggConfig(prefill=engine, decode=plain, timeout=self.timeout)
+
+    def workload(self, rate: float, vocab_size: int) -> list[Request]:
+        trace = chat_trace(
+            self.n_requests, rate, self.prompt_median, SIGMA, self.output_median, SIGMA, self.max_len, self.seed
+        )
+        return requests_from_trace(trace, vocab_size, self.seed)
+
+
+class Servers:
+    """The two sets of processes a benchmark compares: two colocated replicas and one prefill + one
+    decode worker, started once and closed together (``with Servers(options) as s: s.run(...)``)."""
+
+    def __init__(self, options: DisaggBench):
+        self.options = options
+        self.replicas = ReplicatedEngine(options.model, 2, options.config())
+        try:
+            self.disagg = DisaggregatedEngine(options.model, 1, 1, options.config())
+        except BaseException:
+            self.replicas.close()
+            raise
+        self.vocab_size = self.disagg.model_config.vocab_size
+        warm = [Request([1] * 64, 4, id=0), Request([2] * 8, 4, id=1)]
+        for mode in MODES:  # one-off costs (allocator, first kernels) before anything is measured
+            self.run(mode, warm)
+
+    def run(self, mode: str, requests: Sequence[Request]) -> list[DisaggOutput]:
+        if mode == "colocated":
+            return self.replicas.run(requests, self.options.config())
+        if mode == "chunked":
+            return self.replicas.run(requests, self.options.config(chunked=True))
+        if mode == "disagg 1:1":
+            return self.disagg.run(requests)
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+    def close(self) -> None:
+        self.replicas.close()
+        self.disagg.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def served(outputs: Sequence[DisaggOutput]) -> list[DisaggOutput]:
+    failed = [o for o in outputs if o.finish_reason == "error"]
+    if failed:
+        raise ValueError(f"{len(failed)} request(s) failed, the first ({failed[0].request.id}) with {failed[0].error}")
+    return list(outputs)
+
+
+def run_figures(outputs: Sequence[DisaggOutput], slo: SLO) -> dict:
+    """TTFT and TPOT p50/p99 (ms), output tokens/s, goodput (requests/s within the SLO) and the % within it."""
+    metrics = [o.metrics for o in outputs]
+    latency = latency_percentiles(metrics, (50, 99))
+    tp = throughput(metrics)
+    tpot = latency["tpot"] or dict.fromkeys(("p50", "p99"), float("nan"))
+    good = goodput(metrics, slo)
+    return {
+        "ttft_p50_ms": 1e3 * latency["ttft"]["p50"],
+        "ttft_p99_ms": 1e3 * latency["ttft"]["p99"],
+        "tpot_p50_ms": 1e3 * tpot["p50"],
+        "tpot_p99_ms": 1e3 * tpot["p99"],
+        "tokens_per_s": tp["output_tokens_per_s"],
+        "goodput_rps": good,
+        "slo_met_pct": 100 * good / tp["requests_per_s"],
+    }
+
+
+def itl_series(outputs: Sequence[DisaggOutput], ids: Sequence[int]) -> list[tuple[float, float]]:
+    """(time a token came out, s; the gap since that request's previous token, ms) for the requests ``ids``."""
+    chosen = set(ids)
+    points = []
+    for o in outputs:
+        if o.request.id in chosen:
+            times = o.metrics.token_times
+            points += [(t, 1e3 * (t - prev)) for prev, t in zip(times, times[1:])]
+    return sorted(points)
+
+
+def bench_interference(servers: Servers, workload: InterferenceWorkload) -> dict:
+    """Each mode on the interference workload: gap figures and series of the decoding requests,
+    and the long prompts' TTFT."""
+    requests, ids = interference_workload(servers.vocab_size, workload)
+    long_ids = [r.id for r in requests if r.id not in ids]
+    runs = {}
+    for mode in MODES:
+        outputs = served(servers.run(mode, requests))
+        long_ttft = [1e3 * o.metrics.ttft for o in outputs if o.request.id in long_ids]
+        runs[mode] = {
+            **itl_figures(outputs, ids),
+            "long_ttft_p50_ms": percentiles(long_ttft, (50,))["p50"],
+            "series": itl_series(outputs, ids),
+        }
+    arrivals = [r.arrival for r in requests if r.id in long_ids]
+    return {"workload": asdict(workload), "arrivals": arrivals, "runs": runs}
+
+
+def transfer_figures(outputs: Sequence[DisaggOutput], config) -> dict:
+    """The disaggregated runs' K/V handoffs: bytes per request checked against the formula (fp32
+    here), and the measured transfer times and rates."""
+    moved = [o for o in outputs if o.decode_worker is not None]
+    mismatched = sum(o.kv_bytes != kv_bytes(config, len(o.request.prompt), 4) for o in moved)
+    seconds = [o.transfer_s for o in moved]
+    rates = [o.kv_bytes / o.transfer_s for o in moved if o.transfer_s > 0]
+    return {
+        "handoffs": len(moved),
+        "formula_mismatches": mismatched,
+        "mean_kv_mb": float(np.mean([o.kv_bytes for o in moved])) / 1e6,
+        "transfer_p50_ms": 1e3 * percentiles(seconds, (50,))["p50"],
+        "transfer_p99_ms": 1e3 * percentiles(seconds, (99,))["p99"],
+        "rate_p50_gb_s": percentiles(rates, (50,))["p50"] / 1e9,
+        "handoff_wait_p50_ms": 1e3 * percentiles([o.handoff_wait_s for o in moved], (50,))["p50"],
+    }
+
+
+def bench_disagg(options: DisaggBench | None = None) -> dict:
+    """Everything of chapter 14 measured on this machine (see the module's docstring)."""
+    b = options or DisaggBench()
+    record = provenance("cpu", b.model, "float32", workers=2, threads_per_worker=1, options=_jsonable(asdict(b)))
+    with Servers(b) as servers:
+        record["interference"] = bench_interference(servers, b.interference)
+        rows, handed = [], []
+        for rate in b.rates:
+            requests = b.workload(rate, servers.vocab_size)
+            for mode in MODES:
+                outputs = served(servers.run(mode, requests))
+                rows.append({"mode": mode, "rate": rate, **run_figures(outputs, b.slo)})
+                if mode.startswith("disagg"):
+                    handed += outputs
+        logs = servers.disagg.step_logs
+        record["goodput"] = rows
+        record["transfer"] = transfer_figures(handed, servers.disagg.model_config)
+        record["step_cost"] = {
+            "prefill": asdict(fit_step_cost(logs[0])),
+            "decode": asdict(fit_step_cost(logs[1])),
+        }
+    record["links"] = kv_transfer_table()
+    return finish_provenance(record)
+
+
+def kv_transfer_table(tokens: int = 4096) -> list[dict]:
+    """One 4k-token request of Llama-3-8B and of Llama-3-70B (bf16 K/V) over each link, next to its
+    prefill on one H100 at 50% MFU (a roofline estimate, ``measure.links``)."""
+    return kv_transfer_rows([preset("Llama-3-8B"), preset("Llama-3-70B")], tokens, list(LINKS.values()))
+
+
+def _jsonable(value):
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def format_interference(figures: Mapping) -> str:
+    runs = figures["interference"]["runs"]
+    rows = [
+        [mode, r["itl_p50_ms"], r["itl_p99_ms"], r["itl_max_ms"], r["long_ttft_p50_ms"]] for mode, r in runs.items()
+    ]
+    headers = ["mode", "gap p50 ms", "gap p99 ms", "gap max ms", "long TTFT p50 ms"]
+    return format_table(headers, rows, title="Decoding while long prompts arrive (measured)")
+
+
+def format_goodput(figures: Mapping) -> str:
+    slo = figures["options"]["slo"]
+    headers = ["mode", "rate /s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "good /s", "in SLO %"]
+    keys = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "goodput_rps", "slo_met_pct"]
+    rows = [[r["mode"], r["rate"], *(r[k] for k in keys)] for r in figures["goodput"]]
+    title = f"Chat-like workload, SLO TTFT <= {slo['ttft']} s, TPOT <= {1e3 * slo['tpot']:g} ms (times in ms)"
+    return format_table(headers, rows, title=title)
+
+
+def format_transfer(figures: Mapping) -> str:
+    t = figures["transfer"]
+    rows = [
+        ["handoffs", t["handoffs"]],
+        ["bytes != formula", t["formula_mismatches"]],
+        ["K/V per request, MB", t["mean_kv_mb"]],
+        ["transfer p50 / p99, ms", f"{t['transfer_p50_ms']:.2f} / {t['transfer_p99_ms']:.2f}"],
+        ["rate p50, GB/s", t["rate_p50_gb_s"]],
+        ["first token -> taken in, p50 ms", t["handoff_wait_p50_ms"]],
+    ]
+    return format_table(["K/V handoffs (gloo, one machine)", ""], rows)
+
+
+def format_links(rows: Sequence[Mapping]) -> str:
+    body = [[r["model"], r["link"], r["kv_bytes"] / 1e9, r["transfer_ms"], r["prefill_ms"]] for r in rows]
+    headers = ["model", "link", "K/V GB", "transfer ms", "prefill ms"]
+    return format_table(headers, body, title="One 4k-token request's K/V (bf16) vs its prefill on one H100 (estimates)")
+
+
+def format_disagg(figures: Mapping) -> str:
+    from .report import describe
+
+    parts = [
+        f"{describe(figures)}; 2 worker processes per mode, 1 thread each",
+        format_interference(figures),
+        format_goodput(figures),
+        format_transfer(figures),
+        format_links(figures["links"]),
+    ]
+    return "\n\n".join(parts)
