@@ -68,6 +68,12 @@ class Request:
             raise ValueError(f"id must be a non-negative integer or None, got {self.id!r}")
 
 
+def copy_requests(requests: Sequence[Request]) -> list[Request]:
+    """Fresh copies (an engine numbers and consumes its requests), with everything a request says:
+    prompt, length, arrival, sampling parameters, stop ids and id."""
+    return [Request(list(r.prompt), r.max_tokens, r.arrival, r.params, r.stop_ids, r.id) for r in requests]
+
+
 @dataclass(frozen=True)
 class TraceEntry:
     arrival: float  # seconds
