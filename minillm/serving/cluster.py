@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from itertools import count
 
 from ..core.config import ModelConfig
-from .engine import Engine, EngineConfig, RequestOutput, SimulatedModel
+from .engine import Engine, EngineConfig, RequestOutput, RequestTooLargeError, SimulatedModel
 from .handoff import DecodeEngine, Handoff, PrefillEngine, kv_handoff_bytes
 from .step_cost import StepCost
 from .workload import Request, copy_requests
@@ -139,7 +139,9 @@ class ClusterRun:
         return max(e.now for e in self.engines)
 
     def busy_fraction(self) -> dict[str, list[float]]:
-        """Each worker's time spent in steps over the run's length: which pool is the bottleneck."""
+        """Each worker's time spent in steps over the run's length. A prefill worker near 1 is the
+        bottleneck; a decode worker steps whenever it holds a sequence, so near 1 says only that it
+        was never empty (its step log's batch sizes say how full it was)."""
         span = self.seconds or 1.0
 
         def busy(e: Engine) -> float:
@@ -216,11 +218,19 @@ class _Cluster:
         )
 
     def _check(self, requests: list[Request]) -> None:
-        """Every request fits a prefill worker (or replica) and, if it goes on, a decode worker."""
+        """Every request fits a prefill worker (or replica) and, if it goes on, a decode worker's pool
+        (the same model: the rest of ``Engine.check`` holds there too, and validating a long prompt
+        again costs more than the simulation of its steps)."""
         for r in requests:
             self.front[0].check(r)
             if self.back and r.max_tokens > 1:
-                self.back[0].check(r)
+                decode = self.back[0]
+                need, have = decode._blocks_needed(r), decode.config.num_blocks
+                if need > have:
+                    raise RequestTooLargeError(
+                        f"request {r.id} needs {need} blocks of {decode.config.block_size} tokens "
+                        f"({len(r.prompt) + r.max_tokens} tokens) but a decode worker's KV pool has only {have}"
+                    )
 
     # -- the prefill side ------------------------------------------------------------------------
 

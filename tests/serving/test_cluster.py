@@ -138,7 +138,7 @@ def test_one_colocated_replica_is_an_engine(token_budget):
 
 def test_bad_requests_fail_before_anything_runs():
     cluster = ClusterConfig(prefill=engine_config(num_blocks=64), decode=engine_config(num_blocks=4))
-    with pytest.raises(RequestTooLargeError, match="blocks"):  # fits the prefill, not the decode pool
+    with pytest.raises(RequestTooLargeError, match="decode worker.s KV pool"):  # fits the prefill, not the decode
         simulate_cluster(CONFIG, [Request([1] * 40, 2), Request([1] * 40, 40)], cluster)
     with pytest.raises(ValueError, match="id 3 was given twice"):
         simulate_cluster(CONFIG, [Request([1], 2, id=3), Request([2], 2, id=3)], cluster)
