@@ -23,11 +23,12 @@ workers. Nothing is ever handled before an earlier event that could change it: a
 by a step that began earlier than it can be ready.
 
 A handoff leaves the prefill worker with its first token and is ready on the decode side after
-``transfer_latency + nbytes x transfer_seconds_per_byte`` seconds (each transfer has the link to
-itself: no contention is modelled). The router picks its decode worker when it leaves (the K/V
-go point to point), the one with the fewest decode tokens left; there it waits, in order of
-readiness, until ``DecodeEngine.can_admit`` finds room (backpressure; the first in line is never
-overtaken). A request that ends at its first token (max_tokens 1, a stop id) ends at the prefill.
+``transfer_latency + nbytes x transfer_seconds_per_byte`` seconds, once the link is free: each
+prefill worker has one link, and its transfers go over it one after another. The router picks
+its decode worker when it leaves (the K/V go point to point), the one with the fewest decode
+tokens left; there it waits, in order of readiness, until ``DecodeEngine.can_admit`` finds room
+(backpressure; the first in line is never overtaken). A request that ends at its first token
+(max_tokens 1, a stop id) ends at the prefill.
 
 ``roofline_step_cost`` gives the engines a clock for a real model on a real accelerator, from its
 shape and the accelerator's datasheet: an estimate, not a measurement.
@@ -107,10 +108,11 @@ class Transfer:
     prefill_worker: int
     decode_worker: int
     admitted: float | None = None  # when the decode worker took it in
+    link_wait: float = 0.0  # seconds it waited for the prefill worker's link (earlier transfers on it)
 
     @property
     def ready(self) -> float:
-        return self.sent + self.seconds
+        return self.sent + self.link_wait + self.seconds
 
     @property
     def waited(self) -> float:
@@ -187,6 +189,7 @@ class _Cluster:
         self._order = count()  # ties in a queue: the order handoffs were sent
         self.outputs: dict[int, RequestOutput] = {}
         self.transfers: dict[int, Transfer] = {}
+        self.link_free = [0.0] * len(self.front)  # when each prefill worker's link is next free
 
     def run(self, requests: list[Request]) -> ClusterRun:
         self._check(requests)
@@ -257,7 +260,11 @@ class _Cluster:
         c, r = self.cluster, handoff.request
         j = min(range(len(self.back)), key=self._decode_load)
         seconds = c.transfer_latency + handoff.nbytes * c.transfer_seconds_per_byte
-        transfer = Transfer(r.id, handoff.nbytes, seconds, handoff.first_time, i, j)
+        start = max(handoff.first_time, self.link_free[i])  # one link per prefill worker: transfers queue on it
+        self.link_free[i] = start + seconds
+        transfer = Transfer(
+            r.id, handoff.nbytes, seconds, handoff.first_time, i, j, link_wait=start - handoff.first_time
+        )
         handoff.ready = transfer.ready
         self.transfers[r.id] = transfer
         heapq.heappush(self.queues[j], (handoff.ready, next(self._order), handoff))
@@ -342,6 +349,7 @@ def roofline_step_cost(
     mfu: float = 0.5,
     mbu: float = 0.7,
     context: int = 1024,
+    fused: bool = True,
 ) -> StepCost:
     """A ``StepCost`` for ``config`` on an accelerator of ``peak_flops`` (FLOP/s) and ``bandwidth``
     (bytes/s), from the roofline model (Williams, Waterman & Patterson, 2009). An ESTIMATE from the
@@ -357,8 +365,9 @@ def roofline_step_cost(
 
     Left out: attention's own FLOPs (for Llama-3-8B about 3% of a token's at 1k tokens of context),
     activations' bytes, and the overlap of compute with memory traffic (the cost is their sum, not
-    their max, so it errs high near the ridge point). The engine runs a mixed step's decode rows
-    and prompt chunks as two forwards, so such a step pays ``fixed`` twice.
+    their max, so it errs high near the ridge point). ``fused``: a mixed step of decode rows and
+    prompt chunks is one forward and pays ``fixed`` once, as in a GPU engine with a variable-length
+    attention kernel (``StepCost.fused``); minillm's own engine runs them as two forwards.
     """
     for name, value in (("peak_flops", peak_flops), ("bandwidth", bandwidth), ("dtype_bytes", dtype_bytes)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -376,4 +385,5 @@ def roofline_step_cost(
         fixed=weights * dtype_bytes / memory,
         per_token=per_prefill_token + kv_read / memory,
         per_prefill_token=per_prefill_token,
+        fused=fused,
     )

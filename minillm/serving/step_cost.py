@@ -16,13 +16,16 @@ class StepCost:
     ``per_prefill_token`` per prompt token (by default the same as ``per_token``).
 
     The engine runs one forward for the decode rows of a step and one for its prompt chunks, so a
-    mixed step pays ``fixed`` twice; a static batch's padding rows count as decode rows (they are
-    computed like the others). ``StepCost()(n)`` is one forward of n tokens: fixed + per_token x n.
+    mixed step pays ``fixed`` twice, unless ``fused``: one forward over decode rows and prompt
+    chunks alike, what a variable-length attention kernel allows (vLLM's, for one), pays it once.
+    A static batch's padding rows count as decode rows (they are computed like the others).
+    ``StepCost()(n)`` is one forward of n tokens: fixed + per_token x n.
     """
 
     fixed: float = 5e-3
     per_token: float = 1e-4
     per_prefill_token: float | None = None
+    fused: bool = False  # a mixed step is one forward (pays ``fixed`` once)
 
     def __post_init__(self) -> None:
         if min(self.fixed, self.per_token, self.prefill_rate) < 0:
@@ -33,6 +36,7 @@ class StepCost:
         return self.per_token if self.per_prefill_token is None else self.per_prefill_token
 
     def __call__(self, tokens: int, prefill_tokens: int = 0, forwards: int = 1) -> float:
+        forwards = min(forwards, 1) if self.fused else forwards
         return self.fixed * forwards + self.per_token * tokens + self.prefill_rate * prefill_tokens
 
     def half_batch(self) -> float:
