@@ -11,6 +11,10 @@ real worker processes on this machine, and GPU-sized configurations on the simul
    fit chapter 13's step-cost model (prefill and decode apart).
 2. ``kv_transfer_table``: what moving one request's K/V would take on real links, next to its
    prefill (``measure.links``).
+3. ``simulated_goodput`` and ``pd_ratio_sweep``: a GPU-sized model (Llama-3-8B on H100s by
+   default) on the simulated clock (``serving.cluster``; step costs from the roofline, an
+   estimate): goodput against the request rate for the three modes, and DistServe's figure of
+   merit, the highest rate that keeps 90% of requests within the SLO per GPU, by P:D ratio.
 
     figures = bench_disagg(DisaggBench(rates=(2.0, 4.0)))
     print(format_disagg(figures))
@@ -25,8 +29,9 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from ..core.config import check_field_types, preset
-from ..measure.links import LINKS, kv_bytes, kv_transfer_rows
+from ..measure.links import LINKS, Link, kv_bytes, kv_transfer_rows
 from ..measure.metrics import SLO, goodput, latency_percentiles, percentiles, throughput
+from ..serving.cluster import ClusterConfig, roofline_step_cost, simulate_cluster
 from ..serving.disagg import DisaggConfig, DisaggOutput, DisaggregatedEngine, ReplicatedEngine
 from ..serving.engine import EngineConfig
 from ..serving.scheduler import SchedulerConfig
@@ -213,6 +218,119 @@ def kv_transfer_table(tokens: int = 4096) -> list[dict]:
     """One 4k-token request of Llama-3-8B and of Llama-3-70B (bf16 K/V) over each link, next to its
     prefill on one H100 at 50% MFU (a roofline estimate, ``measure.links``)."""
     return kv_transfer_rows([preset("Llama-3-8B"), preset("Llama-3-70B")], tokens, list(LINKS.values()))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU-sized, on the simulated clock
+
+
+@dataclass(frozen=True)
+class SimulatedSweep:
+    """A GPU-sized cluster on the simulated clock: the model (a preset), one accelerator's peak
+    FLOP/s and memory bandwidth (default: an H100 SXM's datasheet, bf16), the link between prefill
+    and decode workers, a chat-like workload and the SLO."""
+
+    model: str = "Llama-3-8B"
+    peak_flops: float = 989e12
+    bandwidth: float = 3.35e12
+    link: str = "RDMA 400 Gb/s"  # a key of measure.links.LINKS, or "<name>=<GB/s>"
+    rates: tuple[float, ...] = (4.0, 8.0, 12.0, 16.0, 20.0)  # requests/s (whole cluster)
+    n_requests: int = 200
+    prompt_median: float = 1024
+    output_median: float = 128
+    max_len: int = 4096
+    max_batch: int = 64
+    num_blocks: int = 8192  # blocks of 16 tokens per worker
+    token_budget: int = 512  # chunked prefill
+    workers: int = 2  # GPUs per mode in the rate sweep (colocated replicas, or 1P + 1D)
+    slo: SLO = field(default_factory=lambda: SLO(ttft=1.0, tpot=0.02))
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_field_types(self, ints=("n_requests", "max_len", "max_batch", "num_blocks", "token_budget", "workers"))
+        if self.workers < 2:
+            raise ValueError(f"workers must be at least 2 (a prefill and a decode worker), got {self.workers}")
+        self.link_spec()
+
+    def link_spec(self) -> Link:
+        if self.link in LINKS:
+            return LINKS[self.link]
+        name, _, gbs = self.link.partition("=")
+        try:
+            return Link(name, float(gbs) * 1e9, LINKS["RDMA 400 Gb/s"].latency, "")
+        except ValueError:
+            raise ValueError(f"link must be one of {list(LINKS)} or '<name>=<GB/s>', got {self.link!r}") from None
+
+    def engine(self, chunked: bool = False) -> EngineConfig:
+        cost = roofline_step_cost(preset(self.model), self.peak_flops, self.bandwidth)
+        budget = self.token_budget if chunked else None
+        return EngineConfig(
+            self.num_blocks, 16, False, SchedulerConfig("continuous", self.max_batch, token_budget=budget), cost
+        )
+
+    def cluster(self, mode: str, prefill: int = 1, decode: int = 1) -> ClusterConfig:
+        if mode in ("colocated", "chunked"):
+            return ClusterConfig(prefill=self.engine(mode == "chunked"), prefill_workers=prefill, decode_workers=0)
+        link = self.link_spec()
+        return ClusterConfig(
+            prefill=self.engine(),
+            prefill_workers=prefill,
+            decode_workers=decode,
+            transfer_seconds_per_byte=1 / link.bandwidth,
+            transfer_latency=link.latency,
+        )
+
+    def requests(self, rate: float) -> list[Request]:
+        trace = chat_trace(
+            self.n_requests, rate, self.prompt_median, SIGMA, self.output_median, SIGMA, self.max_len, self.seed
+        )
+        return requests_from_trace(trace, preset(self.model).vocab_size, self.seed)
+
+
+def simulate_mode(sweep: SimulatedSweep, mode: str, rate: float, prefill: int = 1, decode: int = 1) -> dict:
+    """One simulated run: the figures of ``run_figures`` plus the handoffs' mean transfer time."""
+    run = simulate_cluster(preset(sweep.model), sweep.requests(rate), sweep.cluster(mode, prefill, decode))
+    figures = run_figures(run.outputs, sweep.slo)
+    moved = [t for t in run.transfers if t is not None]
+    figures["transfer_ms"] = 1e3 * float(np.mean([t.seconds + t.link_wait for t in moved])) if moved else 0.0
+    return figures
+
+
+def simulated_goodput(sweep: SimulatedSweep | None = None) -> list[dict]:
+    """Goodput against the rate for colocated and chunked replicas and 1:(workers-1) disaggregation,
+    the same number of GPUs each."""
+    s = sweep or SimulatedSweep()
+    rows = []
+    for rate in s.rates:
+        for mode in ("colocated", "chunked"):
+            rows.append({"mode": mode, "rate": rate, **simulate_mode(s, mode, rate, prefill=s.workers)})
+        name = f"disagg 1:{s.workers - 1}"
+        rows.append({"mode": name, "rate": rate, **simulate_mode(s, "disagg", rate, 1, s.workers - 1)})
+    return rows
+
+
+def max_rate_within_slo(sweep: SimulatedSweep, mode: str, prefill: int, decode: int, attainment: float = 90.0) -> float:
+    """The highest rate of ``sweep.rates`` at which ``attainment`` % of requests meet the SLO (0 if none)."""
+    best = 0.0
+    for rate in sorted(sweep.rates):
+        if simulate_mode(sweep, mode, rate, prefill, decode)["slo_met_pct"] < attainment:
+            break
+        best = rate
+    return best
+
+
+def pd_ratio_sweep(sweep: SimulatedSweep | None = None, ratios=((1, 1), (1, 2), (1, 3), (2, 1), (3, 1))) -> list[dict]:
+    """DistServe's per-GPU goodput (Zhong et al., 2024): the highest rate within the SLO for 90% of
+    requests, divided by the GPUs, for each P:D ratio and for one colocated and one chunked GPU."""
+    s = sweep or SimulatedSweep()
+    rows = []
+    for mode in ("colocated", "chunked"):
+        rate = max_rate_within_slo(s, mode, 1, 0)
+        rows.append({"ratio": mode, "workers": 1, "goodput_rps": rate, "goodput_per_worker": rate})
+    for p, d in ratios:
+        rate = max_rate_within_slo(s, "disagg", p, d)
+        rows.append({"ratio": f"{p}:{d}", "workers": p + d, "goodput_rps": rate, "goodput_per_worker": rate / (p + d)})
+    return rows
 
 
 def _jsonable(value):

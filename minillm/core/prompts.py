@@ -58,6 +58,8 @@ def _row(row: object, what: str) -> list[int]:
 
 def token_rows(input_ids: object) -> list[list[int]]:
     """Prompts as lists of ints, one per row, or a ValueError naming what is wrong."""
+    if type(input_ids) is list and input_ids and all(type(x) is int for x in input_ids):
+        return [list(input_ids)]  # the common case, one prompt of plain ints, without the checks below
     if isinstance(input_ids, (str, bytes)):
         raise ValueError(f"the prompt is text ({_describe(input_ids)}); encode it with the tokenizer first: {EXPECTED}")
     if isinstance(input_ids, np.ndarray):
