@@ -30,7 +30,7 @@ import numpy as np
 
 from ..core.config import check_field_types, preset
 from ..measure.links import LINKS, Link, kv_bytes, kv_transfer_rows
-from ..measure.metrics import SLO, goodput, latency_percentiles, percentiles, throughput
+from ..measure.metrics import SLO, latency_percentiles, percentiles, throughput
 from ..serving.cluster import ClusterConfig, roofline_step_cost, simulate_cluster
 from ..serving.disagg import DisaggConfig, DisaggOutput, DisaggregatedEngine, ReplicatedEngine
 from ..serving.engine import EngineConfig
@@ -124,21 +124,23 @@ def served(outputs: Sequence[DisaggOutput]) -> list[DisaggOutput]:
     return list(outputs)
 
 
-def run_figures(outputs: Sequence[DisaggOutput], slo: SLO) -> dict:
-    """TTFT and TPOT p50/p99 (ms), output tokens/s, goodput (requests/s within the SLO) and the % within it."""
+def run_figures(outputs: Sequence[DisaggOutput], slo: SLO, rate: float) -> dict:
+    """TTFT and TPOT p50/p99 (ms), output tokens/s, the % of requests within the SLO and goodput:
+    the offered ``rate`` times that fraction (requests/s within the SLO while the load lasts; a
+    count over the whole run's span would also charge the drain after the last arrival)."""
     metrics = [o.metrics for o in outputs]
     latency = latency_percentiles(metrics, (50, 99))
     tp = throughput(metrics)
     tpot = latency["tpot"] or dict.fromkeys(("p50", "p99"), float("nan"))
-    good = goodput(metrics, slo)
+    met = sum(slo.met_by(m) for m in metrics) / len(metrics)
     return {
         "ttft_p50_ms": 1e3 * latency["ttft"]["p50"],
         "ttft_p99_ms": 1e3 * latency["ttft"]["p99"],
         "tpot_p50_ms": 1e3 * tpot["p50"],
         "tpot_p99_ms": 1e3 * tpot["p99"],
         "tokens_per_s": tp["output_tokens_per_s"],
-        "goodput_rps": good,
-        "slo_met_pct": 100 * good / tp["requests_per_s"],
+        "goodput_rps": rate * met,
+        "slo_met_pct": 100 * met,
     }
 
 
@@ -200,7 +202,7 @@ def bench_disagg(options: DisaggBench | None = None) -> dict:
             requests = b.workload(rate, servers.vocab_size)
             for mode in MODES:
                 outputs = served(servers.run(mode, requests))
-                rows.append({"mode": mode, "rate": rate, **run_figures(outputs, b.slo)})
+                rows.append({"mode": mode, "rate": rate, **run_figures(outputs, b.slo, rate)})
                 if mode.startswith("disagg"):
                     handed += outputs
         logs = servers.disagg.step_logs
@@ -234,8 +236,9 @@ class SimulatedSweep:
     peak_flops: float = 989e12
     bandwidth: float = 3.35e12
     link: str = "RDMA 400 Gb/s"  # a key of measure.links.LINKS, or "<name>=<GB/s>"
-    rates: tuple[float, ...] = (4.0, 8.0, 12.0, 16.0, 20.0)  # requests/s (whole cluster)
-    n_requests: int = 200
+    rates: tuple[float, ...] = (8.0, 16.0, 24.0, 32.0, 40.0)  # requests/s (whole cluster; per GPU in pd_ratio_sweep)
+    duration: float = 20.0  # seconds of arrivals per run: a short burst would hide a queue that keeps growing
+    min_requests: int = 100  # requests per run at least
     prompt_median: float = 1024
     output_median: float = 128
     max_len: int = 4096
@@ -243,11 +246,13 @@ class SimulatedSweep:
     num_blocks: int = 8192  # blocks of 16 tokens per worker
     token_budget: int = 512  # chunked prefill
     workers: int = 2  # GPUs per mode in the rate sweep (colocated replicas, or 1P + 1D)
-    slo: SLO = field(default_factory=lambda: SLO(ttft=1.0, tpot=0.02))
+    slo: SLO = field(default_factory=lambda: SLO(ttft=1.0, tpot=0.02, max_itl=0.25))
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_field_types(self, ints=("n_requests", "max_len", "max_batch", "num_blocks", "token_budget", "workers"))
+        check_field_types(self, ints=("min_requests", "max_len", "max_batch", "num_blocks", "token_budget", "workers"))
+        if not (math.isfinite(self.duration) and self.duration > 0):
+            raise ValueError(f"duration must be positive seconds, got {self.duration!r}")
         if self.workers < 2:
             raise ValueError(f"workers must be at least 2 (a prefill and a decode worker), got {self.workers}")
         self.link_spec()
@@ -281,16 +286,15 @@ class SimulatedSweep:
         )
 
     def requests(self, rate: float) -> list[Request]:
-        trace = chat_trace(
-            self.n_requests, rate, self.prompt_median, SIGMA, self.output_median, SIGMA, self.max_len, self.seed
-        )
+        n = max(self.min_requests, math.ceil(rate * self.duration))
+        trace = chat_trace(n, rate, self.prompt_median, SIGMA, self.output_median, SIGMA, self.max_len, self.seed)
         return requests_from_trace(trace, preset(self.model).vocab_size, self.seed)
 
 
 def simulate_mode(sweep: SimulatedSweep, mode: str, rate: float, prefill: int = 1, decode: int = 1) -> dict:
     """One simulated run: the figures of ``run_figures`` plus the handoffs' mean transfer time."""
     run = simulate_cluster(preset(sweep.model), sweep.requests(rate), sweep.cluster(mode, prefill, decode))
-    figures = run_figures(run.outputs, sweep.slo)
+    figures = run_figures(run.outputs, sweep.slo, rate)
     moved = [t for t in run.transfers if t is not None]
     figures["transfer_ms"] = 1e3 * float(np.mean([t.seconds + t.link_wait for t in moved])) if moved else 0.0
     return figures
@@ -309,19 +313,34 @@ def simulated_goodput(sweep: SimulatedSweep | None = None) -> list[dict]:
     return rows
 
 
-def max_rate_within_slo(sweep: SimulatedSweep, mode: str, prefill: int, decode: int, attainment: float = 90.0) -> float:
-    """The highest rate of ``sweep.rates`` at which ``attainment`` % of requests meet the SLO (0 if none)."""
-    best = 0.0
-    for rate in sorted(sweep.rates):
-        if simulate_mode(sweep, mode, rate, prefill, decode)["slo_met_pct"] < attainment:
-            break
-        best = rate
-    return best
+def max_rate_within_slo(
+    sweep: SimulatedSweep, mode: str, prefill: int, decode: int, attainment: float = 90.0, steps: int = 6
+) -> float:
+    """The highest rate at which ``attainment`` % of requests meet the SLO: bisection (on a log scale,
+    ``steps`` halvings) between the lowest and highest of ``sweep.rates``, taken per worker, times the
+    workers. 0 if even the lowest fails; the highest if it passes."""
+    workers = prefill + decode
+    low, high = min(sweep.rates) * workers, max(sweep.rates) * workers
+
+    def ok(rate: float) -> bool:
+        return simulate_mode(sweep, mode, rate, prefill, decode)["slo_met_pct"] >= attainment
+
+    if not ok(low):
+        return 0.0
+    if ok(high):
+        return high
+    for _ in range(steps):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if ok(mid) else (low, mid)
+    return low
 
 
-def pd_ratio_sweep(sweep: SimulatedSweep | None = None, ratios=((1, 1), (1, 2), (1, 3), (2, 1), (3, 1))) -> list[dict]:
-    """DistServe's per-GPU goodput (Zhong et al., 2024): the highest rate within the SLO for 90% of
-    requests, divided by the GPUs, for each P:D ratio and for one colocated and one chunked GPU."""
+def pd_ratio_sweep(
+    sweep: SimulatedSweep | None = None, ratios: Sequence[tuple[int, int]] = ((1, 1), (1, 2), (2, 1), (1, 3), (3, 1))
+) -> list[dict]:
+    """DistServe's per-GPU goodput (Zhong et al., 2024): the highest rate at which 90% of requests
+    meet the SLO, divided by the GPUs, for one colocated GPU, one chunked GPU and each P:D ratio.
+    ``sweep.rates`` bound the search, per GPU."""
     s = sweep or SimulatedSweep()
     rows = []
     for mode in ("colocated", "chunked"):
@@ -330,6 +349,36 @@ def pd_ratio_sweep(sweep: SimulatedSweep | None = None, ratios=((1, 1), (1, 2), 
     for p, d in ratios:
         rate = max_rate_within_slo(s, "disagg", p, d)
         rows.append({"ratio": f"{p}:{d}", "workers": p + d, "goodput_rps": rate, "goodput_per_worker": rate / (p + d)})
+    return rows
+
+
+SCENARIOS = {  # where disaggregation should win, and where it should not (changes to SimulatedSweep)
+    "long prompts, TPOT <= 20 ms": {},
+    "short prompts, TPOT <= 100 ms": {
+        "prompt_median": 64,
+        "output_median": 256,
+        "slo": SLO(ttft=1.0, tpot=0.1, max_itl=0.25),
+    },
+    "long prompts, 10 Gb/s link": {"link": "10 Gb/s Ethernet=1.25"},
+}
+
+
+def scenario_table(sweep: SimulatedSweep | None = None, ratios=((1, 1), (2, 1), (1, 2))) -> list[dict]:
+    """Per-GPU goodput of colocated, chunked and the best P:D ratio in each of ``SCENARIOS``."""
+    s = sweep or SimulatedSweep()
+    rows = []
+    for name, changes in SCENARIOS.items():
+        pd = pd_ratio_sweep(replace(s, **changes), ratios)
+        best = max(pd[2:], key=lambda r: r["goodput_per_worker"])
+        rows.append(
+            {
+                "scenario": name,
+                "colocated": pd[0]["goodput_per_worker"],
+                "chunked": pd[1]["goodput_per_worker"],
+                "best P:D": best["ratio"],
+                "disagg": best["goodput_per_worker"],
+            }
+        )
     return rows
 
 

@@ -85,13 +85,21 @@ def latency_percentiles(
 
 @dataclass(frozen=True)
 class SLO:
-    """A service-level objective: a request is good when both bounds hold."""
+    """A service-level objective: a request is good when every bound holds.
+
+    ``max_itl`` (optional) bounds the longest gap between two tokens of a request: TPOT is an
+    average, so a stall of seconds spread over hundreds of tokens can pass it unseen (a
+    disaggregated decode worker that keeps a prefilled request waiting for room does just that).
+    """
 
     ttft: float = 0.2  # seconds
     tpot: float = 0.1  # seconds
+    max_itl: float | None = None  # seconds; None: no bound on a single gap
 
     def met_by(self, r: RequestMetrics) -> bool:
-        return r.ttft <= self.ttft and (r.output_tokens < 2 or r.tpot <= self.tpot)
+        if r.ttft > self.ttft or (r.output_tokens >= 2 and r.tpot > self.tpot):
+            return False
+        return self.max_itl is None or not r.itl or max(r.itl) <= self.max_itl
 
 
 def span(requests: Sequence[RequestMetrics]) -> float:
