@@ -14,11 +14,13 @@ from ..cli import DEFAULT_MODEL, DTYPES, CliError, add_threads_option, bad_input
 from ..core.checkpoints import load
 from ..core.device import best_device, threads_label
 from ..measure.metrics import SLO
+from ..serving.disagg import WorkerError
 from . import generation as bench
 from . import report
 from .batching import BatchingBench, bench_batching, format_batching
 from .compression import TECHNIQUE_NAMES, CompressionBench, bench_compression, format_compression
 from .decoding import DecodingBench, bench_decoding, format_decoding
+from .disagg import DisaggBench, SimulatedSweep, bench_disagg, format_disagg
 from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
 from .serve import ServeBench, bench_serve, format_serve
 
@@ -197,6 +199,7 @@ def add_bench(commands) -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_decoding)
     add_bench_batching(kinds)
+    add_bench_disagg(kinds)
     add_bench_serve(kinds)
     add_bench_compression(kinds)
     for benchmark in kinds.choices.values():  # every benchmark honours --threads (and MINILLM_THREADS)
@@ -270,6 +273,59 @@ def add_bench_batching(kinds) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.set_defaults(handler=cmd_bench_batching)
+
+
+def cmd_bench_disagg(args: argparse.Namespace) -> int:
+    with bad_input():
+        options = DisaggBench(
+            model=args.model,
+            rates=tuple(args.rate),
+            n_requests=args.requests,
+            slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot),
+            seed=args.seed,
+        )
+        simulated = None if args.no_simulated else SimulatedSweep(duration=args.sim_duration)
+    print(
+        f"colocated, chunked and disaggregated serving of {args.model}, 2 worker processes each, "
+        f"at {list(options.rates)} req/s" + ("" if simulated is None else "; then the simulated GPU sweeps") + "...",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        figures = bench_disagg(options, simulated)
+    except (WorkerError, ValueError) as e:
+        raise CliError(f"bench disagg: {e}") from None
+    print(format_disagg(figures))
+    if args.json:
+        write_json(args.json, figures)
+    if not args.no_save:
+        print(f"figures saved to {report.save_result('bench_disagg', figures)}")
+    return 0
+
+
+def add_bench_disagg(kinds) -> None:
+    p = kinds.add_parser("disagg", help="colocated vs chunked vs disaggregated prefill/decode (worker processes)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"the model every worker loads (default: {DEFAULT_MODEL})")
+    p.add_argument(
+        "--rate",
+        type=float,
+        nargs="+",
+        default=[2.0, 4.0, 8.0],
+        help="Poisson arrivals/s, one run each (default: 2 4 8)",
+    )
+    p.add_argument("--requests", type=int, default=32, help="requests per rate (default: 32)")
+    p.add_argument("--slo-ttft", type=float, default=1.0, help="SLO on TTFT, seconds (default: 1.0)")
+    p.add_argument("--slo-tpot", type=float, default=0.04, help="SLO on TPOT, seconds (default: 0.04)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload (default: 0)")
+    p.add_argument("--no-simulated", action="store_true", help="skip the simulated GPU-sized sweeps (minutes)")
+    p.add_argument(
+        "--sim-duration", type=float, default=20.0, help="seconds of arrivals per simulated run (default: 20)"
+    )
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument(
+        "--no-save", action="store_true", help="do not save them to minillm/results/<hardware>/bench_disagg.json"
+    )
+    p.set_defaults(handler=cmd_bench_disagg)
 
 
 def add_bench_serve(kinds) -> None:

@@ -191,8 +191,9 @@ def transfer_figures(outputs: Sequence[DisaggOutput], config) -> dict:
     }
 
 
-def bench_disagg(options: DisaggBench | None = None) -> dict:
-    """Everything of chapter 14 measured on this machine (see the module's docstring)."""
+def bench_disagg(options: DisaggBench | None = None, simulated: SimulatedSweep | None = None) -> dict:
+    """Everything of chapter 14 measured on this machine (see the module's docstring), and with
+    ``simulated`` the GPU-sized sweeps on the simulated clock."""
     b = options or DisaggBench()
     record = provenance("cpu", b.model, "float32", workers=2, threads_per_worker=1, options=_jsonable(asdict(b)))
     with Servers(b) as servers:
@@ -213,7 +214,23 @@ def bench_disagg(options: DisaggBench | None = None) -> dict:
             "decode": asdict(fit_step_cost(logs[1])),
         }
     record["links"] = kv_transfer_table()
-    return finish_provenance(record)
+    finish_provenance(record)
+    if simulated is not None:  # no processes of ours run now: the simulations take one core
+        record["simulated"] = bench_simulated(simulated)
+    return record
+
+
+def bench_simulated(sweep: SimulatedSweep) -> dict:
+    """The GPU-sized simulations: goodput vs rate, the P:D sweep and the scenarios."""
+    cost = asdict(sweep.engine().step_cost)
+    return {
+        "options": _jsonable(asdict(sweep)),
+        "step_cost": cost,
+        "clock": "simulated: roofline step costs (an estimate), not a measurement",
+        "goodput": simulated_goodput(sweep),
+        "pd_ratio": pd_ratio_sweep(sweep),
+        "scenarios": scenario_table(sweep),
+    }
 
 
 def kv_transfer_table(tokens: int = 4096) -> list[dict]:
@@ -396,39 +413,72 @@ def _jsonable(value):
 
 def format_interference(figures: Mapping) -> str:
     runs = figures["interference"]["runs"]
-    rows = [
-        [mode, r["itl_p50_ms"], r["itl_p99_ms"], r["itl_max_ms"], r["long_ttft_p50_ms"]] for mode, r in runs.items()
-    ]
-    headers = ["mode", "gap p50 ms", "gap p99 ms", "gap max ms", "long TTFT p50 ms"]
-    return format_table(headers, rows, title="Decoding while long prompts arrive (measured)")
+    rows = [{"mode": mode, **r} for mode, r in runs.items()]
+    columns = {
+        "mode": "mode",
+        "itl_p50_ms": "gap p50 ms",
+        "itl_p99_ms": "gap p99 ms",
+        "itl_max_ms": "gap max ms",
+        "long_ttft_p50_ms": "long TTFT p50 ms",
+    }
+    return format_table(rows, columns, title="Decoding while long prompts arrive (measured)")
 
 
 def format_goodput(figures: Mapping) -> str:
     slo = figures["options"]["slo"]
-    headers = ["mode", "rate /s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "good /s", "in SLO %"]
-    keys = ["ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "goodput_rps", "slo_met_pct"]
-    rows = [[r["mode"], r["rate"], *(r[k] for k in keys)] for r in figures["goodput"]]
-    title = f"Chat-like workload, SLO TTFT <= {slo['ttft']} s, TPOT <= {1e3 * slo['tpot']:g} ms (times in ms)"
-    return format_table(headers, rows, title=title)
+    columns = {
+        "mode": "mode",
+        "rate": "rate /s",
+        "ttft_p50_ms": "TTFT p50",
+        "ttft_p99_ms": "TTFT p99",
+        "tpot_p50_ms": "TPOT p50",
+        "tpot_p99_ms": "TPOT p99",
+        "goodput_rps": "good /s",
+        "slo_met_pct": "in SLO %",
+    }
+    title = f"Chat-like workload (measured), SLO TTFT {slo['ttft']} s, TPOT {1e3 * slo['tpot']:g} ms; times in ms"
+    return format_table(figures["goodput"], columns, title=title)
 
 
 def format_transfer(figures: Mapping) -> str:
     t = figures["transfer"]
     rows = [
-        ["handoffs", t["handoffs"]],
-        ["bytes != formula", t["formula_mismatches"]],
-        ["K/V per request, MB", t["mean_kv_mb"]],
-        ["transfer p50 / p99, ms", f"{t['transfer_p50_ms']:.2f} / {t['transfer_p99_ms']:.2f}"],
-        ["rate p50, GB/s", t["rate_p50_gb_s"]],
-        ["first token -> taken in, p50 ms", t["handoff_wait_p50_ms"]],
+        {"what": "handoffs", "value": t["handoffs"]},
+        {"what": "bytes that differ from the formula", "value": t["formula_mismatches"]},
+        {"what": "K/V per request, MB (mean)", "value": t["mean_kv_mb"]},
+        {"what": "transfer p50 / p99, ms", "value": f"{t['transfer_p50_ms']:.2f} / {t['transfer_p99_ms']:.2f}"},
+        {"what": "transfer rate p50, GB/s", "value": t["rate_p50_gb_s"]},
+        {"what": "first token -> taken in, p50 ms", "value": t["handoff_wait_p50_ms"]},
     ]
-    return format_table(["K/V handoffs (gloo, one machine)", ""], rows)
+    return format_table(rows, {"what": "K/V handoffs (gloo, this machine)", "value": ""})
 
 
 def format_links(rows: Sequence[Mapping]) -> str:
-    body = [[r["model"], r["link"], r["kv_bytes"] / 1e9, r["transfer_ms"], r["prefill_ms"]] for r in rows]
-    headers = ["model", "link", "K/V GB", "transfer ms", "prefill ms"]
-    return format_table(headers, body, title="One 4k-token request's K/V (bf16) vs its prefill on one H100 (estimates)")
+    body = [{**r, "kv_gb": r["kv_bytes"] / 1e9} for r in rows]
+    columns = {
+        "model": "model",
+        "link": "link",
+        "kv_gb": "K/V GB",
+        "transfer_ms": "transfer ms",
+        "prefill_ms": "prefill ms",
+    }
+    return format_table(body, columns, title="A 4k-token request's K/V (bf16) vs its prefill on one H100 (estimates)")
+
+
+def format_simulated(sim: Mapping) -> str:
+    o = sim["options"]
+    slo = o["slo"]
+    where = f"{o['model']}, roofline step costs ({o['peak_flops'] / 1e12:g} TFLOP/s, {o['bandwidth'] / 1e12:g} TB/s)"
+    bound = f", max gap {1e3 * slo['max_itl']:g} ms" if slo.get("max_itl") else ""
+    rule = f"SLO TTFT {slo['ttft']} s, TPOT {1e3 * slo['tpot']:g} ms{bound}"
+    keys = ["mode", "rate", "ttft_p99_ms", "tpot_p99_ms", "goodput_rps", "slo_met_pct"]
+    rows = [{k: r[k] for k in keys} for r in sim["goodput"]]
+    parts = [
+        format_table(rows, title=f"SIMULATED clock: {where}, {o['workers']} GPUs per mode, {rule}"),
+        format_table(sim["pd_ratio"], title="Per-GPU goodput by P:D ratio (90% within the SLO; simulated)"),
+        format_table(sim["scenarios"], title="Per-GPU goodput, req/s, where disaggregation wins and loses (simulated)"),
+    ]
+    return "\n\n".join(parts)
 
 
 def format_disagg(figures: Mapping) -> str:
@@ -441,4 +491,6 @@ def format_disagg(figures: Mapping) -> str:
         format_transfer(figures),
         format_links(figures["links"]),
     ]
+    if "simulated" in figures:
+        parts.append(format_simulated(figures["simulated"]))
     return "\n\n".join(parts)
