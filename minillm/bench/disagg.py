@@ -482,10 +482,10 @@ def format_simulated(sim: Mapping) -> str:
 
 
 def format_disagg(figures: Mapping) -> str:
-    from .report import describe
+    from .report import describe, wrap_line
 
     parts = [
-        f"{describe(figures)}; 2 worker processes per mode, 1 thread each",
+        "\n".join(wrap_line(f"{describe(figures)}; 2 worker processes per mode, 1 thread each")),
         format_interference(figures),
         format_goodput(figures),
         format_transfer(figures),

@@ -1,0 +1,104 @@
+"""Chapter 14's benchmarks: the measured comparison on real worker processes (tiny), the
+simulated GPU-sized sweeps, the tables, and the command line's bad input."""
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from minillm.__main__ import main
+from minillm.bench.batching import InterferenceWorkload
+from minillm.bench.disagg import (
+    MODES,
+    DisaggBench,
+    SimulatedSweep,
+    bench_disagg,
+    format_disagg,
+    kv_transfer_table,
+    max_rate_within_slo,
+    pd_ratio_sweep,
+    simulate_mode,
+    simulated_goodput,
+)
+from minillm.measure.metrics import SLO
+
+TINY_SIM = SimulatedSweep(rates=(4.0, 32.0), duration=1.0, min_requests=20)  # Llama-3-8B, prompts of ~1k
+
+
+def test_bench_disagg_measures_all_three_modes_on_real_processes(tmp_path):
+    options = DisaggBench(
+        model="minillm-draft",
+        num_blocks=64,
+        rates=(8.0,),
+        n_requests=6,
+        prompt_median=32,
+        output_median=8,
+        max_len=128,
+        interference=InterferenceWorkload(n_chat=2, chat_tokens=12, n_long=2, long_prompt=96, first=0.02, gap=0.05),
+        timeout=60.0,
+    )
+    figures = bench_disagg(options)
+    assert set(figures["interference"]["runs"]) == set(MODES)
+    for run in figures["interference"]["runs"].values():
+        assert run["itl_p99_ms"] >= run["itl_p50_ms"] > 0 and run["series"]
+    assert [r["mode"] for r in figures["goodput"]] == list(MODES)
+    for r in figures["goodput"]:
+        assert 0 <= r["slo_met_pct"] <= 100 and math.isclose(r["goodput_rps"], 8.0 * r["slo_met_pct"] / 100)
+    t = figures["transfer"]
+    assert t["handoffs"] == 6 and t["formula_mismatches"] == 0 and t["transfer_p50_ms"] > 0
+    assert figures["step_cost"]["prefill"]["per_prefill_token"] >= 0
+    text = format_disagg(figures)
+    assert "Decoding while long prompts arrive" in text and "bytes that differ from the formula" in text
+    assert max(len(line) for line in text.splitlines()) <= 88
+    json.dumps(figures)  # saved as JSON
+
+
+def test_simulated_sweeps_rank_the_modes():
+    rows = simulated_goodput(TINY_SIM)
+    assert [r["mode"] for r in rows] == ["colocated", "chunked", "disagg 1:1"] * 2
+    low = {r["mode"]: r for r in rows if r["rate"] == 4.0}
+    assert all(r["slo_met_pct"] == 100 for r in low.values())  # light load: every mode meets the SLO
+    high = {r["mode"]: r for r in rows if r["rate"] == 32.0}
+    assert high["disagg 1:1"]["tpot_p99_ms"] < high["colocated"]["tpot_p99_ms"]  # no prefill in decode steps
+    assert high["disagg 1:1"]["transfer_ms"] > 0 and high["colocated"]["transfer_ms"] == 0
+
+
+def test_max_rate_within_slo_brackets_the_attainment():
+    tight = replace(TINY_SIM, rates=(2.0, 64.0), slo=SLO(ttft=0.5, tpot=0.01))
+    rate = max_rate_within_slo(tight, "colocated", 1, 0, steps=4)
+    assert 2.0 <= rate < 64.0
+    assert simulate_mode(tight, "colocated", rate, 1, 0)["slo_met_pct"] >= 90
+    assert simulate_mode(tight, "colocated", 64.0, 1, 0)["slo_met_pct"] < 90
+    impossible = replace(TINY_SIM, slo=SLO(ttft=1e-6, tpot=1e-6))
+    assert max_rate_within_slo(impossible, "colocated", 1, 0) == 0.0
+    rows = pd_ratio_sweep(TINY_SIM, ratios=((1, 1),))
+    assert [r["ratio"] for r in rows] == ["colocated", "chunked", "1:1"]
+    assert rows[2]["goodput_per_worker"] == rows[2]["goodput_rps"] / 2
+
+
+def test_kv_transfer_table_is_the_formula():
+    rows = kv_transfer_table()
+    eight = next(r for r in rows if r["model"] == "Llama-3-8B")
+    assert eight["kv_bytes"] == 2 * 32 * 8 * 128 * 4096 * 2
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [("rates", (0.0,), "rates"), ("n_requests", 0.5, "n_requests")],
+)
+def test_bad_options_are_named(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        DisaggBench(**{field: value})
+
+
+def test_simulated_sweep_bad_link():
+    with pytest.raises(ValueError, match="link"):
+        SimulatedSweep(link="carrier pigeon")
+
+
+def test_cli_bad_input_exits_before_any_process(capsys):
+    assert main(["bench", "disagg", "--rate", "-1", "--no-save"]) == 2
+    assert "rates" in capsys.readouterr().err
+    assert main(["bench", "disagg", "--model", "no-such-model", "--no-simulated", "--no-save"]) == 2
+    assert "no-such-model" in capsys.readouterr().err
