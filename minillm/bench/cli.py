@@ -310,12 +310,12 @@ def add_bench_disagg(kinds) -> None:
         "--rate",
         type=float,
         nargs="+",
-        default=[2.0, 4.0, 8.0],
-        help="Poisson arrivals/s, one run each (default: 2 4 8)",
+        default=[1.0, 2.0, 3.0],
+        help="Poisson arrivals/s, one run each (default: 1 2 3)",
     )
     p.add_argument("--requests", type=int, default=32, help="requests per rate (default: 32)")
     p.add_argument("--slo-ttft", type=float, default=1.0, help="SLO on TTFT, seconds (default: 1.0)")
-    p.add_argument("--slo-tpot", type=float, default=0.04, help="SLO on TPOT, seconds (default: 0.04)")
+    p.add_argument("--slo-tpot", type=float, default=0.1, help="SLO on TPOT, seconds (default: 0.1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload (default: 0)")
     p.add_argument("--no-simulated", action="store_true", help="skip the simulated GPU-sized sweeps (minutes)")
     p.add_argument(

@@ -53,12 +53,12 @@ class DisaggBench:
     block_size: int = 16
     token_budget: int = 128  # chunked prefill: tokens per step at most
     interference: InterferenceWorkload = field(default_factory=InterferenceWorkload)
-    rates: tuple[float, ...] = (2.0, 4.0, 8.0)  # requests/s of the chat-like workload, one run each
+    rates: tuple[float, ...] = (1.0, 2.0, 3.0)  # requests/s of the chat-like workload, one run each
     n_requests: int = 32  # requests per rate
     prompt_median: float = 256  # tokens (lognormal)
     output_median: float = 48  # tokens (lognormal)
     max_len: int = 1024  # prompt + output at most
-    slo: SLO = field(default_factory=lambda: SLO(ttft=1.0, tpot=0.04))
+    slo: SLO = field(default_factory=lambda: SLO(ttft=1.0, tpot=0.1))  # what a 2-core CPU can hold at low load
     seed: int = 0
     timeout: float = 120.0  # seconds, every wait inside the engines
 
@@ -337,7 +337,7 @@ def max_rate_within_slo(
     ``steps`` halvings) between the lowest and highest of ``sweep.rates``, taken per worker, times the
     workers. 0 if even the lowest fails; the highest if it passes."""
     workers = prefill + decode
-    low, high = min(sweep.rates) * workers, max(sweep.rates) * workers
+    low, high = min(sweep.rates), max(sweep.rates) * workers
 
     def ok(rate: float) -> bool:
         return simulate_mode(sweep, mode, rate, prefill, decode)["slo_met_pct"] >= attainment

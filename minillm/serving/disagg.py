@@ -382,13 +382,13 @@ class _Cluster:
 
     def run(self, requests: Iterable[Request], config: DisaggConfig | None = None) -> list[DisaggOutput]:
         """Serve ``requests`` (arrivals in seconds from the start of the run); outputs in the order given.
-        ``config``: the worker engines' configs (``prefill``, ``decode``) for this run only, e.g. another
-        token budget; its other fields (dtype, threads, timeout, ...) are the engine's own."""
+        ``config``: the worker engines' configs (``prefill``, ``decode``) and ``return_kv`` for this run
+        only, e.g. another token budget; its other fields (dtype, threads, timeout, ...) are the engine's own."""
         if self._closed:
             raise RuntimeError("this engine was closed")
-        run_config = (
-            self.config if config is None else replace(self.config, prefill=config.prefill, decode=config.decode)
-        )
+        run_config = self.config
+        if config is not None:
+            run_config = replace(run_config, prefill=config.prefill, decode=config.decode, return_kv=config.return_kv)
         self._checkers = {role: _checker(role, self.model_config, run_config) for role in set(self.roles)}
         requests = copy_requests(list(requests))
         self._number(requests)
