@@ -149,11 +149,16 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     except (RuntimeError, ValueError) as e:
         raise CliError(f"bench serve: {e}") from None
-    print(format_serve(figures))
+    return report_figures(args, "bench_serve", figures, format_serve(figures))
+
+
+def report_figures(args: argparse.Namespace, name: str, figures: dict, text: str) -> int:
+    """Print a benchmark's tables, write its figures to --json, save them unless --no-save."""
+    print(text)
     if args.json:
         write_json(args.json, figures)
     if not args.no_save:
-        print(f"figures saved to {report.save_result('bench_serve', figures)}")
+        print(f"figures saved to {report.save_result(name, figures)}")
     return 0
 
 
@@ -295,12 +300,7 @@ def cmd_bench_disagg(args: argparse.Namespace) -> int:
         figures = bench_disagg(options, simulated)
     except (WorkerError, ValueError) as e:
         raise CliError(f"bench disagg: {e}") from None
-    print(format_disagg(figures))
-    if args.json:
-        write_json(args.json, figures)
-    if not args.no_save:
-        print(f"figures saved to {report.save_result('bench_disagg', figures)}")
-    return 0
+    return report_figures(args, "bench_disagg", figures, format_disagg(figures))
 
 
 def add_bench_disagg(kinds) -> None:
