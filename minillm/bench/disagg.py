@@ -35,7 +35,7 @@ from ..serving.cluster import ClusterConfig, roofline_step_cost, simulate_cluste
 from ..serving.disagg import DisaggConfig, DisaggOutput, DisaggregatedEngine, ReplicatedEngine
 from ..serving.engine import EngineConfig
 from ..serving.scheduler import SchedulerConfig
-from ..serving.step_cost import fit_step_cost
+from ..serving.step_cost import StepCost, fit_step_cost
 from ..serving.workload import Request, chat_trace, requests_from_trace
 from .batching import SIGMA, InterferenceWorkload, interference_workload, itl_figures
 from .report import finish_provenance, format_table, provenance
@@ -265,6 +265,7 @@ class SimulatedSweep:
     workers: int = 2  # GPUs per mode in the rate sweep (colocated replicas, or 1P + 1D)
     slo: SLO = field(default_factory=lambda: SLO(ttft=1.0, tpot=0.02, max_itl=0.25))
     seed: int = 0
+    step_cost: StepCost | None = None  # None: the roofline estimate; else e.g. one fitted to a GPU's steps
 
     def __post_init__(self) -> None:
         check_field_types(self, ints=("min_requests", "max_len", "max_batch", "num_blocks", "token_budget", "workers"))
@@ -284,7 +285,7 @@ class SimulatedSweep:
             raise ValueError(f"link must be one of {list(LINKS)} or '<name>=<GB/s>', got {self.link!r}") from None
 
     def engine(self, chunked: bool = False) -> EngineConfig:
-        cost = roofline_step_cost(preset(self.model), self.peak_flops, self.bandwidth)
+        cost = self.step_cost or roofline_step_cost(preset(self.model), self.peak_flops, self.bandwidth)
         budget = self.token_budget if chunked else None
         return EngineConfig(
             self.num_blocks, 16, False, SchedulerConfig("continuous", self.max_batch, token_budget=budget), cost

@@ -133,6 +133,7 @@ def test_the_section_limits_fit_in_eight_minutes():
         "paged_bandwidth",
         "decode",
         "compression",
+        "disagg",
     }
     assert sum(gpu_check.SECTION_LIMITS_S.values()) < 8 * 60
 
@@ -190,3 +191,20 @@ def test_decode_bytes_count_the_weights_the_looked_up_rows_and_the_cache():
     embed = model.embed_tokens.weight
     expected = model_bytes(model) - embed.nbytes + 2 * embed[0].nbytes + cache.k.nbytes + cache.v.nbytes
     assert gpu_compression.decode_bytes(model, cache) == expected
+
+
+def test_the_disagg_section_runs_small_on_a_cpu():
+    """The GPU section's code path on a tiny model: step costs fitted, a handoff's bytes equal to
+    the formula, the simulated sweep on the fitted costs."""
+    import time
+
+    from minillm.bench.gpu_disagg import disagg_steps
+    from tests.conftest import tiny_config
+
+    out: dict = {}
+    config = tiny_config(vocab_size=2048, max_seq_len=2100, name="tiny-2k")
+    disagg_steps(time.monotonic() + 600, out, device="cpu", model_config=config)
+    assert out["steps"]["count"] > 10 and out["steps"]["fitted"]["per_prefill_token"] >= 0
+    assert out["handoff"]["equal"] and out["handoff"]["bytes"] == 2 * 2 * 2 * 8 * 1024 * 2
+    assert out["handoff"]["to_host_gb_s"] > 0
+    assert {r["mode"] for r in out["simulated"]["rows"]} == {"colocated", "chunked", "disagg 1:1"}
