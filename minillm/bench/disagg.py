@@ -354,7 +354,9 @@ def max_rate_within_slo(
 
 
 def pd_ratio_sweep(
-    sweep: SimulatedSweep | None = None, ratios: Sequence[tuple[int, int]] = ((1, 1), (1, 2), (2, 1), (1, 3), (3, 1))
+    sweep: SimulatedSweep | None = None,
+    ratios: Sequence[tuple[int, int]] = ((1, 1), (1, 2), (2, 1), (1, 3), (3, 1)),
+    steps: int = 6,
 ) -> list[dict]:
     """DistServe's per-GPU goodput (Zhong et al., 2024): the highest rate at which 90% of requests
     meet the SLO, divided by the GPUs, for one colocated GPU, one chunked GPU and each P:D ratio.
@@ -362,10 +364,10 @@ def pd_ratio_sweep(
     s = sweep or SimulatedSweep()
     rows = []
     for mode in ("colocated", "chunked"):
-        rate = max_rate_within_slo(s, mode, 1, 0)
+        rate = max_rate_within_slo(s, mode, 1, 0, steps=steps)
         rows.append({"ratio": mode, "workers": 1, "goodput_rps": rate, "goodput_per_worker": rate})
     for p, d in ratios:
-        rate = max_rate_within_slo(s, "disagg", p, d)
+        rate = max_rate_within_slo(s, "disagg", p, d, steps=steps)
         rows.append({"ratio": f"{p}:{d}", "workers": p + d, "goodput_rps": rate, "goodput_per_worker": rate / (p + d)})
     return rows
 

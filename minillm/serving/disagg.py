@@ -288,7 +288,7 @@ class _Worker:
                 self.fail(h.request, error)
                 continue
             extra = {"kv_bytes": kv.nbytes, "transfer_s": now - start, "handoff_wait_s": now - h.first_time}
-            if self.spec.config.return_kv:
+            if self.run_config.return_kv:
                 extra["received_kv"] = kv
             self.outbox.put(("admitted", self.spec.rank, h.request.id, extra))
 

@@ -230,7 +230,8 @@ def plot_pd_ratio(rows: Sequence[Mapping], title: str = ""):
     bars = ax.bar(x, heights, 0.6, color=colors)
     for bar, r in zip(bars, rows):
         workers = r.get("workers", r.get("gpus"))
-        note = f"{r['goodput_rps']:.3g} req/s\non {workers} workers" + ("\nbest" if r is best else "")
+        plural = "worker" if workers == 1 else "workers"
+        note = f"{r['goodput_rps']:.3g} req/s\non {workers} {plural}" + ("\nbest" if r is best else "")
         ax.annotate(
             note,
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
@@ -269,13 +270,13 @@ def plot_kv_transfer(rows: Sequence[Mapping], title: str = ""):
                 continue
             y, ms = g + j * height, mine[link]["transfer_ms"]
             ax.barh(y, ms, height * 0.9, color=colors[link], label=None if link in _labels(ax) else link)
-            ax.text(ms * 1.08, y, f"{ms:.3g} ms", va="center", fontsize=7, bbox=LABEL_BOX, zorder=3)
+            ax.text(ms * 1.08, y, f"{_ms(ms)} ms", va="center", fontsize=7, bbox=LABEL_BOX, zorder=3)
         prefill = next(r["prefill_ms"] for r in rows if r["model"] == model)
         span = (g - 0.5 * height, g + (len(links) - 0.5) * height)
         ax.vlines(
             prefill, *span, color="black", lw=1.5, ls="--", zorder=2, label="prefill of the prompt" if g == 0 else None
         )
-        ax.text(prefill, span[0], f"prefill {prefill:.3g} ms", va="bottom", ha="center", fontsize=7)
+        ax.text(prefill, span[0], f"prefill {_ms(prefill)} ms", va="bottom", ha="center", fontsize=7)
     ax.set_xscale("log")
     ax.set_yticks(np.arange(len(models)) + height * (len(links) - 1) / 2, models)
     ax.invert_yaxis()
@@ -287,6 +288,11 @@ def plot_kv_transfer(rows: Sequence[Mapping], title: str = ""):
     ax.set_title(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))  # the legend below the axes
     return fig
+
+
+def _ms(value: float) -> str:
+    """Three significant digits, without an exponent: 1.2, 17.1, 125, 1,178."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def _labels(ax) -> set[str]:

@@ -55,7 +55,7 @@ def config(**changes) -> DisaggConfig:
 
 @pytest.fixture(scope="module")
 def one_to_one():
-    with DisaggregatedEngine(MODEL, 1, 1, config(return_kv=True)) as engine:
+    with DisaggregatedEngine(MODEL, 1, 1, config()) as engine:
         yield engine
     assert engine.alive == 0
 
@@ -86,7 +86,8 @@ def test_disaggregated_tokens_equal_generate(model, one_to_one, one_to_two, deco
 
 def test_received_kv_equals_a_local_prefill(model, one_to_one):
     requests = workload(model.config.vocab_size)
-    outputs = one_to_one.run(requests)
+    outputs = one_to_one.run(requests, config(return_kv=True))  # for this run only
+    assert all(o.received_kv is None for o in one_to_one.run(requests[:2]))
     c = model.config
     for r, o in zip(requests, outputs):
         T = len(r.prompt)
