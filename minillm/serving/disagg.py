@@ -397,9 +397,20 @@ class _Cluster:
         left = {r.id: r for r in todo}
         self.load = [0] * len(self.roles)  # outstanding tokens per worker
         where: dict[int, dict] = {rid: {} for rid in left}
+        try:
+            self._serve(todo, left, where, outputs, run_config)
+            self.step_logs = self._logs()
+        except BaseException:  # an error, a timeout, an interrupt: no worker is left behind
+            self.close()
+            raise
+        return [outputs[r.id] for r in requests]
+
+    def _serve(self, todo: deque, left: dict, where: dict, outputs: dict, run_config: DisaggConfig) -> None:
+        """Release each request at its arrival, collect the workers' messages until all are served."""
         t0 = time.perf_counter()
         for inbox in self.inboxes:
             inbox.put(("start", t0, run_config))
+        heard = time.monotonic()
         while left:
             now = time.perf_counter() - t0
             while todo and todo[0].arrival <= now:
@@ -407,7 +418,13 @@ class _Cluster:
             wait = todo[0].arrival - now if todo else 0.5
             message = self._receive_until(min(wait, 0.5), "serving") if wait > 0 else None
             if message is None:
+                if not todo and time.monotonic() - heard > self.config.timeout:
+                    raise WorkerError(
+                        f"no word from the workers for {self.config.timeout} s with {len(left)} request(s) "
+                        f"unserved (the first: {next(iter(left))})"
+                    )
                 continue
+            heard = time.monotonic()
             kind, rank = message[0], message[1]
             if kind == "prefilled":
                 rid, nbytes = message[2], message[3]
@@ -425,8 +442,6 @@ class _Cluster:
                 )
             else:
                 self._unexpected(message)
-        self.step_logs = self._logs()
-        return [outputs[r.id] for r in requests]
 
     def _receive_until(self, seconds: float, doing: str):
         try:

@@ -210,3 +210,15 @@ def test_handoff_in_one_process_equals_engine(model):
     full = DecodeEngine(model, EngineConfig(num_blocks=1, block_size=BLOCK))
     with pytest.raises(ValueError, match="blocks"):
         full.admit(handoffs[-1])
+
+
+def test_an_interrupt_in_the_router_stops_the_workers(model, monkeypatch):
+    engine = ReplicatedEngine(MODEL, 1, config())
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "_dispatch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run(workload(model.config.vocab_size, [4, 4]))
+    assert engine.alive == 0  # stopped and reaped, not left serving a half-finished run
