@@ -165,7 +165,7 @@ def plot_itl_series(runs: Mapping[str, Sequence[tuple[float, float]]], arrivals:
         if len(points) == 0:
             raise ValueError(f"plot_itl_series: run {name!r} has no token gaps")
     n = len(runs)
-    fig, axes = plt.subplots(1, n, figsize=(min(4.8 * n, 14), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(min(4.8 * n, 14), 3.6), sharex=True, sharey=True, squeeze=False)
     for ax, (name, points) in zip(axes[0], runs.items()):
         t, gap = np.asarray(points, dtype=float).T
         ax.plot(t, gap, ".", ms=3, alpha=0.6, color="tab:blue", label="a token's gap")
@@ -191,11 +191,13 @@ def plot_goodput_vs_rate(rows: Sequence[Mapping], title: str = "", measured: boo
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     colors = mode_colors(modes)
-    for mode in modes:
+    styles = ["o-", "s--", "^:", "d-."]  # distinct marks and dashes: equal curves stay visible
+    for k, mode in enumerate(modes):
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["rate"])
         x = [r["rate"] for r in mine]
-        ax1.plot(x, [r["goodput_rps"] for r in mine], "o-", color=colors[mode], label=mode)
-        ax2.plot(x, [r["slo_met_pct"] for r in mine], "o-", color=colors[mode], label=mode)
+        style = styles[k % len(styles)]
+        ax1.plot(x, [r["goodput_rps"] for r in mine], style, color=colors[mode], label=mode, mfc="none")
+        ax2.plot(x, [r["slo_met_pct"] for r in mine], style, color=colors[mode], label=mode, mfc="none")
     top = max(r["rate"] for r in rows)
     ax1.plot([0, top], [0, top], color="gray", ls="--", lw=1, label="all requests within SLO")
     ax1.set(xlabel="offered load (requests/s)", ylabel="goodput (requests/s within SLO)", xlim=(0, None))
@@ -281,7 +283,7 @@ def plot_kv_transfer(rows: Sequence[Mapping], title: str = ""):
     ax.set_yticks(np.arange(len(models)) + height * (len(links) - 1) / 2, models)
     ax.invert_yaxis()
     values = [r["transfer_ms"] for r in rows] + [r["prefill_ms"] for r in rows]
-    ax.set_xlim(min(values) / 3, max(values) * 6)  # room for the value labels
+    ax.set_xlim(min(values) / 3, max(values) * 2.5)  # room for the value labels
     ax.set(xlabel="time to send one prompt's K/V (ms, log)")
     ax.grid(axis="y", visible=False)
     fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=min(3, len(links) + 1), fontsize=8)
