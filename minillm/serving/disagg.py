@@ -128,12 +128,15 @@ def _worker_main(spec: _WorkerSpec, inbox, outbox, inboxes) -> None:
         torch.set_num_threads(spec.config.threads)
         from ..core.checkpoints import load
 
-        model, _ = load(spec.model_dir, spec.config.device, getattr(torch, spec.config.dtype))
+        device = worker_device(spec.config.device, spec.rank)
+        model, _ = load(spec.model_dir, device, getattr(torch, spec.config.dtype))
+        wire = "cpu"
         if spec.init_file is not None:
-            _join_group(spec)
+            backend = _join_group(spec)
             group = True
+            wire = device if backend == "nccl" else "cpu"  # gloo sends CPU tensors
         outbox.put(("ready", spec.rank))
-        _Worker(spec, model, inbox, outbox, inboxes).serve()
+        _Worker(spec, model, inbox, outbox, inboxes, wire).serve()
     except BaseException:  # reported to the router, which stops everyone
         with contextlib.suppress(Exception):
             outbox.put(("error", spec.rank, spec.role, traceback.format_exc()), timeout=spec.config.timeout)
@@ -142,9 +145,21 @@ def _worker_main(spec: _WorkerSpec, inbox, outbox, inboxes) -> None:
             torch.distributed.destroy_process_group()
 
 
-def _join_group(spec: _WorkerSpec) -> None:
+def worker_device(device: str, rank: int) -> str:
+    """ "cuda" spreads the workers over the GPUs (rank i on GPU i mod count); anything else as given."""
+    if device == "cuda" and torch.cuda.is_available():
+        index = rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return f"cuda:{index}"
+    return device
+
+
+def _join_group(spec: _WorkerSpec) -> str:
+    """Join the workers' process group; returns its backend: nccl when every worker has a GPU of
+    its own, else gloo (which moves the K/V through host memory)."""
     c = spec.config
-    backend = c.backend or ("nccl" if c.device.startswith("cuda") else "gloo")
+    own_gpu = c.device.startswith("cuda") and torch.cuda.device_count() >= spec.world_size
+    backend = c.backend or ("nccl" if own_gpu else "gloo")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
     torch.distributed.init_process_group(
         backend,
@@ -153,6 +168,7 @@ def _join_group(spec: _WorkerSpec) -> None:
         world_size=spec.world_size,
         timeout=timedelta(seconds=c.timeout),
     )
+    return backend
 
 
 class _Worker:
@@ -160,8 +176,9 @@ class _Worker:
 
     IDLE_WAIT = 0.5  # seconds an idle worker blocks on its inbox before checking on the router
 
-    def __init__(self, spec: _WorkerSpec, model, inbox, outbox, inboxes):
+    def __init__(self, spec: _WorkerSpec, model, inbox, outbox, inboxes, wire: str = "cpu"):
         self.spec, self.model, self.inbox, self.outbox, self.inboxes = spec, model, inbox, outbox, inboxes
+        self.wire = wire  # where the K/V travel from: the GPU with nccl, host memory with gloo
         self.engine: Engine | None = None
         self.run_config = spec.config
         self.t0 = time.perf_counter()
@@ -258,7 +275,7 @@ class _Worker:
         for h in self.engine.take_handoffs():
             rid = h.request.id
             dst = self.decoder_of.pop(rid)
-            kv = h.kv.contiguous()
+            kv = h.kv.to(self.wire).contiguous()
             self.sends.append((torch.distributed.isend(kv, dst, tag=rid), kv))
             self.inboxes[dst].put(("handoff", h.without_kv(), self.spec.rank))
             self.outbox.put(("prefilled", self.spec.rank, rid, h.nbytes))
@@ -276,7 +293,7 @@ class _Worker:
         while self.waiting and e.can_admit(self.waiting[0][0]):
             h, src = self.waiting.popleft()
             L, H, D = e.pool.k.shape[0], e.pool.k.shape[3], e.pool.k.shape[4]
-            kv = torch.empty(2, L, h.tokens, H, D, dtype=e.pool.k.dtype, device=e.pool.k.device)
+            kv = torch.empty(2, L, h.tokens, H, D, dtype=e.pool.k.dtype, device=self.wire)
             start = self.clock()
             torch.distributed.irecv(kv, src, tag=h.request.id).wait(timedelta(seconds=self.spec.config.timeout))
             now = self.clock()
@@ -289,7 +306,7 @@ class _Worker:
                 continue
             extra = {"kv_bytes": kv.nbytes, "transfer_s": now - start, "handoff_wait_s": now - h.first_time}
             if self.run_config.return_kv:
-                extra["received_kv"] = kv
+                extra["received_kv"] = kv.cpu()
             self.outbox.put(("admitted", self.spec.rank, h.request.id, extra))
 
 

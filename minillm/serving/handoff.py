@@ -167,5 +167,5 @@ class DecodeEngine(Engine):
         if kv.shape != (2, L, T, H, D):
             raise ValueError(f"handoff K/V of shape {tuple(kv.shape)} does not fit this pool ({L} layers, {H} x {D})")
         slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(T)], device=pool.k.device)
-        pool.k.view(L, -1, H, D)[:, slots] = kv[0].to(pool.k.dtype)
-        pool.v.view(L, -1, H, D)[:, slots] = kv[1].to(pool.v.dtype)
+        pool.k.view(L, -1, H, D)[:, slots] = kv[0].to(pool.k.device, pool.k.dtype)
+        pool.v.view(L, -1, H, D)[:, slots] = kv[1].to(pool.v.device, pool.v.dtype)

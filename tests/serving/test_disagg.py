@@ -222,3 +222,11 @@ def test_an_interrupt_in_the_router_stops_the_workers(model, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         engine.run(workload(model.config.vocab_size, [4, 4]))
     assert engine.alive == 0  # stopped and reaped, not left serving a half-finished run
+
+
+def test_worker_devices():
+    from minillm.serving.disagg import worker_device
+
+    assert worker_device("cpu", 3) == "cpu"
+    if torch.cuda.is_available():
+        assert worker_device("cuda", 1) == f"cuda:{1 % torch.cuda.device_count()}"
