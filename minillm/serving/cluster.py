@@ -46,7 +46,7 @@ from ..core.config import ModelConfig
 from .engine import Engine, EngineConfig, RequestOutput, RequestTooLargeError, SimulatedModel
 from .handoff import DecodeEngine, Handoff, PrefillEngine, kv_handoff_bytes
 from .step_cost import StepCost
-from .workload import Request, copy_requests
+from .workload import Request, copy_requests, number_requests
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,19 +156,7 @@ def simulate_cluster(model_config: ModelConfig, requests: Sequence[Request], clu
     """Serve copies of ``requests`` on a simulated cluster (``SimulatedModel`` engines, ``StepCost``
     clocks). Every request is checked first (``RequestTooLargeError`` before anything runs);
     requests without an id are numbered as ``Engine.run`` numbers them."""
-    return _Cluster(model_config, cluster).run(_numbered(copy_requests(requests)))
-
-
-def _numbered(requests: list[Request]) -> list[Request]:
-    next_id, seen = 0, set()
-    for r in requests:
-        if r.id is None:
-            r.id = next_id
-        if r.id in seen:
-            raise ValueError(f"a request with id {r.id} was given twice")
-        seen.add(r.id)
-        next_id = max(next_id, r.id) + 1
-    return requests
+    return _Cluster(model_config, cluster).run(number_requests(copy_requests(requests)))
 
 
 class _Cluster:
@@ -319,8 +307,8 @@ def _front_next(engine: Engine) -> float | None:
     """When a prefill worker or replica steps next: now if it has work, else at its next arrival."""
     if engine.scheduler.running or engine.scheduler.waiting:
         return engine.now
-    pending = engine._pending  # heap of (arrival, id, request) of requests added, not yet arrived
-    return max(engine.now, pending[0][0]) if pending else None
+    arrival = engine.next_arrival
+    return None if arrival is None else max(engine.now, arrival)
 
 
 def _prefill_load(engine: Engine) -> int:

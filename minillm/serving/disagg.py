@@ -51,7 +51,7 @@ from ..measure.metrics import RequestMetrics
 from .engine import Engine, EngineConfig, RequestOutput, SimulatedModel
 from .handoff import DecodeEngine, Handoff, PrefillEngine
 from .step_cost import StepCost, StepRecord
-from .workload import Request, copy_requests
+from .workload import Request, copy_requests, number_requests
 
 ROLES = ("prefill", "decode", "colocated")
 
@@ -245,13 +245,14 @@ class _Worker:
         e = self.engine
         if e is None:
             return False
-        return bool(e.scheduler.waiting or e.scheduler.running or self.waiting or e._pending)
+        return e.unfinished or bool(self.waiting)
 
     def work(self) -> None:
         e = self.engine
         if self.spec.role == "decode":
             self.take_handoffs()
-        if e.scheduler.waiting or e.scheduler.running or (e._pending and e._pending[0][0] <= self.clock()):
+        arrival = e.next_arrival
+        if e.scheduler.waiting or e.scheduler.running or (arrival is not None and arrival <= self.clock()):
             self.steps += 1
             fault = self.spec.config.fault
             if fault is not None and fault == (self.spec.role, self.steps):
@@ -353,26 +354,31 @@ class _Cluster:
                 self._unexpected(message)
 
     def _receive(self, doing: str):
-        """The next message from a worker, or WorkerError when one died or none came in time."""
+        """The next message from a worker, or WorkerError when one failed or none came in time."""
         deadline = time.monotonic() + self.config.timeout
-        while True:
-            try:
-                message = self.outbox.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
-                message = None
-            if message is not None:
-                if message[0] == "error":
-                    _, rank, role, text = message
-                    self.close()
-                    raise WorkerError(f"{role} worker {rank} failed while {doing}:\n{text}")
-                return message
+        while (message := self._poll(min(0.5, max(0.0, deadline - time.monotonic())), doing)) is None:
+            if time.monotonic() > deadline:
+                self.close()
+                raise WorkerError(f"no word from the workers for {self.config.timeout} s while {doing}")
+        return message
+
+    def _poll(self, seconds: float, doing: str):
+        """A worker's message within ``seconds``, else None; WorkerError (every worker stopped) when
+        a worker reports a failure or has exited."""
+        try:
+            message = self.outbox.get(timeout=seconds)
+        except queue.Empty:
+            message = None
+        if message is not None and message[0] == "error":
+            _, rank, role, text = message
+            self.close()
+            raise WorkerError(f"{role} worker {rank} failed while {doing}:\n{text}")
+        if message is None:
             dead = [(i, p.exitcode) for i, p in enumerate(self._procs) if not p.is_alive()]
             if dead:
                 self.close()
                 raise WorkerError(f"worker(s) {dead} (rank, exit code) exited while {doing}")
-            if time.monotonic() > deadline:
-                self.close()
-                raise WorkerError(f"no word from the workers for {self.config.timeout} s while {doing}")
+        return message
 
     def _unexpected(self, message) -> None:
         self.close()
@@ -407,8 +413,7 @@ class _Cluster:
         if config is not None:
             run_config = replace(run_config, prefill=config.prefill, decode=config.decode, return_kv=config.return_kv)
         self._checkers = {role: _checker(role, self.model_config, run_config) for role in set(self.roles)}
-        requests = copy_requests(list(requests))
-        self._number(requests)
+        requests = number_requests(copy_requests(list(requests)))
         outputs: dict[int, DisaggOutput] = {r.id: o for r in requests if (o := self._reject(r)) is not None}
         todo = deque(sorted((r for r in requests if r.id not in outputs), key=lambda r: (r.arrival, r.id)))
         left = {r.id: r for r in todo}
@@ -433,7 +438,7 @@ class _Cluster:
             while todo and todo[0].arrival <= now:
                 self._dispatch(todo.popleft(), where)
             wait = todo[0].arrival - now if todo else 0.5
-            message = self._receive_until(min(wait, 0.5), "serving") if wait > 0 else None
+            message = self._poll(min(wait, 0.5), "serving") if wait > 0 else None
             if message is None:
                 if not todo and time.monotonic() - heard > self.config.timeout:
                     raise WorkerError(
@@ -460,24 +465,6 @@ class _Cluster:
             else:
                 self._unexpected(message)
 
-    def _receive_until(self, seconds: float, doing: str):
-        try:
-            message = self.outbox.get(timeout=seconds)
-        except queue.Empty:
-            return self._check_alive(doing)
-        if message[0] == "error":
-            _, rank, role, text = message
-            self.close()
-            raise WorkerError(f"{role} worker {rank} failed while {doing}:\n{text}")
-        return message
-
-    def _check_alive(self, doing: str) -> None:
-        dead = [(i, p.exitcode) for i, p in enumerate(self._procs) if not p.is_alive()]
-        if dead:
-            self.close()
-            raise WorkerError(f"worker(s) {dead} (rank, exit code) exited while {doing}")
-        return None
-
     def _logs(self) -> dict[int, list[StepRecord]]:
         for inbox in self.inboxes:
             inbox.put(("report",))
@@ -488,15 +475,6 @@ class _Cluster:
                 self._unexpected(message)
             logs[message[1]] = message[3]
         return logs
-
-    def _number(self, requests: list[Request]) -> None:
-        ids = [r.id for r in requests if r.id is not None]
-        if len(set(ids)) != len(ids):
-            raise ValueError("request ids must be unique within a run")
-        next_id = max(ids, default=-1) + 1
-        for r in requests:
-            if r.id is None:
-                r.id, next_id = next_id, next_id + 1
 
     def _reject(self, r: Request) -> DisaggOutput | None:
         """An error output for a request a worker could not serve (checked before the run starts,

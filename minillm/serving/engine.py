@@ -216,6 +216,11 @@ class Engine:
     # -- the step loop -------------------------------------------------------------------------
 
     @property
+    def next_arrival(self) -> float | None:
+        """When the earliest request added but not yet arrived arrives (None if there is none)."""
+        return self._pending[0][0] if self._pending else None
+
+    @property
     def unfinished(self) -> bool:
         return bool(self._pending or self.scheduler.waiting or self.scheduler.running)
 
@@ -341,8 +346,7 @@ class Engine:
 
     def _wait(self) -> None:
         """Nothing to run: jump the clock to the next arrival or batching timeout."""
-        next_arrival = self._pending[0][0] if self._pending else None
-        events = [t for t in (next_arrival, self.scheduler.wake_time()) if t is not None and t > self.now]
+        events = [t for t in (self.next_arrival, self.scheduler.wake_time()) if t is not None and t > self.now]
         if not events:
             raise RuntimeError("the engine is stuck: requests wait but none can be scheduled")
         self.now = min(events)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..kv.paged import blocks_for
 from ..measure.links import kv_bytes as kv_handoff_bytes  # 2 x layers x kv heads x head dim x tokens x bytes
-from .engine import Engine, RequestOutput, SimulatedModel
+from .engine import Engine, EngineConfig, RequestOutput, SimulatedModel
 from .scheduler import SequenceState
 from .workload import Request
 
@@ -116,9 +116,7 @@ class DecodeEngine(Engine):
     place; the step loop decodes it like any other. No prefix cache (nothing is prefilled here)."""
 
     def __init__(self, model, config=None):
-        super().__init__(model, config)
-        if self.config.prefix_caching:
-            self.blocks.prefix_caching = False
+        super().__init__(model, replace(config or EngineConfig(), prefix_caching=False))
         self.handoffs_admitted = 0
 
     def reserved_blocks(self) -> int:

@@ -74,6 +74,20 @@ def copy_requests(requests: Sequence[Request]) -> list[Request]:
     return [Request(list(r.prompt), r.max_tokens, r.arrival, r.params, r.stop_ids, r.id) for r in requests]
 
 
+def number_requests(requests: list[Request]) -> list[Request]:
+    """Give each request without an id the next free one, as ``Engine.run`` numbers them (one more
+    than the largest id so far); a ValueError for an id given twice. Returns the same list."""
+    next_id, seen = 0, set()
+    for r in requests:
+        if r.id is None:
+            r.id = next_id
+        if r.id in seen:
+            raise ValueError(f"a request with id {r.id} was given twice")
+        seen.add(r.id)
+        next_id = max(next_id, r.id) + 1
+    return requests
+
+
 @dataclass(frozen=True)
 class TraceEntry:
     arrival: float  # seconds
