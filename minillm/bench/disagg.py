@@ -39,6 +39,7 @@ from ..serving.step_cost import StepCost, fit_step_cost
 from ..serving.workload import Request, chat_trace, requests_from_trace
 from .batching import SIGMA, InterferenceWorkload, interference_workload, itl_figures
 from .report import finish_provenance, format_table, provenance
+from .serving import served
 
 MODES = ("colocated", "chunked", "disagg 1:1")
 
@@ -117,13 +118,6 @@ class Servers:
         self.close()
 
 
-def served(outputs: Sequence[DisaggOutput]) -> list[DisaggOutput]:
-    failed = [o for o in outputs if o.finish_reason == "error"]
-    if failed:
-        raise ValueError(f"{len(failed)} request(s) failed, the first ({failed[0].request.id}) with {failed[0].error}")
-    return list(outputs)
-
-
 def run_figures(outputs: Sequence[DisaggOutput], slo: SLO, rate: float) -> dict:
     """TTFT and TPOT p50/p99 (ms), output tokens/s, the % of requests within the SLO and goodput:
     the offered ``rate`` times that fraction (requests/s within the SLO while the load lasts; a
@@ -195,7 +189,7 @@ def bench_disagg(options: DisaggBench | None = None, simulated: SimulatedSweep |
     """Everything of chapter 14 measured on this machine (see the module's docstring), and with
     ``simulated`` the GPU-sized sweeps on the simulated clock."""
     b = options or DisaggBench()
-    record = provenance("cpu", b.model, "float32", workers=2, threads_per_worker=1, options=_jsonable(asdict(b)))
+    record = provenance("cpu", b.model, "float32", workers=2, threads_per_worker=1, options=asdict(b))
     with Servers(b) as servers:
         record["interference"] = bench_interference(servers, b.interference)
         rows, handed = [], []
@@ -224,7 +218,7 @@ def bench_simulated(sweep: SimulatedSweep) -> dict:
     """The GPU-sized simulations: goodput vs rate, the P:D sweep and the scenarios."""
     cost = asdict(sweep.engine().step_cost)
     return {
-        "options": _jsonable(asdict(sweep)),
+        "options": asdict(sweep),
         "step_cost": cost,
         "clock": "simulated: roofline step costs (an estimate), not a measurement",
         "goodput": simulated_goodput(sweep),
@@ -400,14 +394,6 @@ def scenario_table(sweep: SimulatedSweep | None = None, ratios=((1, 1), (2, 1), 
             }
         )
     return rows
-
-
-def _jsonable(value):
-    if isinstance(value, Mapping):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """An int that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
+    """An int or a float that is not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -33,11 +35,11 @@ def check_field_types(obj: object, ints: tuple[str, ...], optional_ints=(), numb
     kind = type(obj).__name__
     for name in ints + tuple(n for n in optional_ints if getattr(obj, n) is not None):
         value = getattr(obj, name)
-        if not _is_int(value) or value <= 0:
+        if not is_int(value) or value <= 0:
             raise ValueError(f"{kind}.{name} must be a positive integer, got {_got(value)}")
     for name in numbers:
         value = getattr(obj, name)
-        if not _is_number(value) or not 0 < value < math.inf:
+        if not is_number(value) or not 0 < value < math.inf:
             raise ValueError(f"{kind}.{name} must be a positive number, got {_got(value)}")
     for name in bools:
         if not isinstance(getattr(obj, name), bool):
@@ -133,12 +135,12 @@ class ModelConfig:
         """EOS ids must be ids of this vocabulary (generation stops at them); BOS must be an id or
         None, in any range (minillm never feeds it, and some checkpoints name a stray one)."""
         bos = self.bos_token_id
-        if bos is not None and (not _is_int(bos) or bos < 0):
+        if bos is not None and (not is_int(bos) or bos < 0):
             raise ValueError(f"ModelConfig.bos_token_id must be None or a non-negative id, got {_got(bos)}")
         eos = self.eos_token_id
         ids = {f"eos_token_id[{i}]": x for i, x in enumerate(eos)} if isinstance(eos, tuple) else {"eos_token_id": eos}
         for name, value in ids.items():
-            if value is not None and (not _is_int(value) or not 0 <= value < self.vocab_size):
+            if value is not None and (not is_int(value) or not 0 <= value < self.vocab_size):
                 raise ValueError(
                     f"ModelConfig.{name} must be None or an id in [0, {self.vocab_size}), got {_got(value)}"
                 )

@@ -21,18 +21,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..core.config import ModelConfig, check_field_types
+from ..core.config import ModelConfig, check_field_types, is_int, is_number
 from .roofline import layer_costs, matmul_cost
 
 ROUGH_LATENCY_S = 5e-6  # a few microseconds to start and finish one DMA/RDMA transfer (rough)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _check_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
@@ -47,12 +43,12 @@ class Link:
 
     def __post_init__(self) -> None:
         check_field_types(self, ints=(), numbers=("bandwidth",))
-        if not _is_number(self.latency) or not 0 <= self.latency < math.inf:
+        if not is_number(self.latency) or not 0 <= self.latency < math.inf:
             raise ValueError(f"Link.latency must be a non-negative number of seconds, got {self.latency!r}")
 
     def transfer_time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` in one transfer: latency + nbytes / bandwidth."""
-        if not _is_number(nbytes) or not 0 <= nbytes < math.inf:
+        if not is_number(nbytes) or not 0 <= nbytes < math.inf:
             raise ValueError(f"nbytes must be a non-negative number, got {nbytes!r}")
         return self.latency + nbytes / self.bandwidth
 
@@ -99,9 +95,9 @@ def prefill_seconds(config: ModelConfig, tokens: int, peak_flops: float, mfu: fl
     """A roofline estimate of a prompt's prefill: ``prefill_flops`` over peak_flops x mfu
     (a long prefill is compute-bound, so the FLOPs decide; ``mfu`` is the fraction of peak the
     kernels reach)."""
-    if not _is_number(peak_flops) or not 0 < peak_flops < math.inf:
+    if not is_number(peak_flops) or not 0 < peak_flops < math.inf:
         raise ValueError(f"peak_flops must be a positive number of FLOP/s, got {peak_flops!r}")
-    if not _is_number(mfu) or not 0 < mfu <= 1:
+    if not is_number(mfu) or not 0 < mfu <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu!r}")
     return prefill_flops(config, tokens) / (peak_flops * mfu)
 
