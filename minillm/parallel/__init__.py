@@ -1,0 +1,7 @@
+"""Splitting one model over several processes (chapter 15), with PyTorch's ``torch.distributed``
+(gloo on the CPU, nccl on CUDA): ``launch`` starts the ranks (or joins those ``torchrun``
+started), ``comm`` counts every byte a collective moves, ``tensor`` shards each layer across the
+ranks (Megatron-style, by hand, and through DTensor), ``pipeline`` gives each rank a run of
+consecutive layers, ``context`` splits the sequence (ring attention), ``replicas`` serves with N
+whole copies, and ``predict`` turns counted bytes and a link into predicted times.
+"""

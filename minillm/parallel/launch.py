@@ -1,0 +1,168 @@
+"""Starting ranks: N processes that join one ``torch.distributed`` process group, each running
+the same function on its own rank, with every wait bounded.
+
+``launch(fn, world_size, *args)`` spawns the ranks itself (``torch.multiprocessing``, spawn), as
+``vllm --tensor-parallel-size`` does; each rank calls ``fn(rank, world_size, *args)`` inside an
+initialized process group and its return value comes back to the caller (one list, in rank
+order). The function must be importable (defined at module level in a module, not in a notebook
+cell), because a spawned process imports it by name.
+
+Failure. A rank that raises reports its traceback; the launcher then terminates the others
+(a peer blocked in a collective waits for a partner that will never come) and raises
+``RankError`` naming the rank and showing its traceback. A rank that dies without a word, or
+ranks still running after ``timeout`` seconds, end the same way. Nothing outlives the call.
+
+Under ``torchrun`` the process group is made from its environment instead (``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``...): ``init_from_env()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+class RankError(RuntimeError):
+    """A rank raised, died, or ran past the timeout; the message names which and why."""
+
+
+def default_backend(device: str) -> str:
+    """nccl when every rank has a GPU of its own, else gloo (CPU tensors)."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def rank_device(device: str, rank: int) -> torch.device:
+    """'cuda' puts rank i on GPU i (mod the count); anything else as given."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device(device)
+
+
+def _rank_main(rank, world_size, init_file, backend, timeout, threads, fn, args, results) -> None:
+    try:
+        torch.set_num_threads(threads)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+        try:
+            out = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        results.put(("ok", rank, out))
+    except BaseException:  # the launcher stops everyone and raises this traceback
+        with contextlib.suppress(Exception):
+            results.put(("error", rank, traceback.format_exc()))
+
+
+def check_world_size(world_size: object, name: str = "world_size") -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"{name} must be a positive integer, got {world_size!r}")
+    return world_size
+
+
+def launch(
+    fn: Callable,
+    world_size: int,
+    *args,
+    timeout: float = 120.0,
+    threads: int = 1,
+    backend: str | None = None,
+    device: str = "cpu",
+) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; their results in rank order.
+
+    ``threads``: PyTorch CPU threads per rank (1 keeps N ranks from fighting over the cores).
+    ``timeout`` bounds the whole run and every collective inside it."""
+    check_world_size(world_size)
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    backend = backend or default_backend(device)
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="minillm-ranks-") as tmp:
+        init_file = str(Path(tmp) / "rendezvous")
+        try:
+            for rank in range(world_size):
+                proc = ctx.Process(
+                    target=_rank_main,
+                    args=(rank, world_size, init_file, backend, timeout, threads, fn, args, results),
+                    daemon=True,
+                )
+                proc.start()
+                procs.append(proc)
+            return _collect(procs, results, world_size, timeout)
+        finally:
+            _stop(procs)
+            results.cancel_join_thread()
+
+
+def _collect(procs, results, world_size: int, timeout: float) -> list:
+    out: dict[int, object] = {}
+    deadline = time.monotonic() + timeout
+    while len(out) < world_size:
+        try:
+            kind, rank, payload = results.get(timeout=0.2)
+        except queue.Empty:
+            dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0 and r not in out]
+            if dead:
+                with contextlib.suppress(queue.Empty):  # its report may have just arrived
+                    kind, rank, payload = results.get(timeout=1.0)
+                    if kind == "error":
+                        raise RankError(f"rank {rank} of {world_size} failed:\n{payload}") from None
+                    out[rank] = payload
+                    continue
+                codes = ", ".join(f"rank {r} exit code {procs[r].exitcode}" for r in dead)
+                raise RankError(f"a rank died without reporting ({codes})") from None
+            if time.monotonic() > deadline:
+                waiting = [r for r in range(world_size) if r not in out]
+                raise RankError(f"rank(s) {waiting} of {world_size} still running after {timeout} s") from None
+            continue
+        if kind == "error":
+            raise RankError(f"rank {rank} of {world_size} failed:\n{payload}")
+        out[rank] = payload
+    return [out[r] for r in range(world_size)]
+
+
+def _stop(procs) -> None:
+    """Join what finished; terminate, then kill, whatever is left (bounded)."""
+    deadline = time.monotonic() + 5.0
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(2.0)
+
+
+def under_torchrun() -> bool:
+    """True inside a process that torchrun (or another launcher) started with RANK and WORLD_SIZE."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_from_env(device: str = "cpu", timeout: float = 120.0) -> tuple[int, int]:
+    """Join the process group torchrun describes in the environment; returns (rank, world_size)."""
+    if not dist.is_initialized():
+        backend = default_backend(device)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    return dist.get_rank(), dist.get_world_size()
