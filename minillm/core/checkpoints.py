@@ -135,7 +135,8 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], config: ModelConfig) ->
     return out
 
 
-def _weight_files(directory: Path) -> list[Path]:
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory (all shards of a sharded one)."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json(index).get("weight_map")
@@ -171,7 +172,7 @@ def load_state_dict(
     Tensors named in ``skip`` (or ending in IGNORED_SUFFIXES) are passed over if present."""
     tensors: dict[str, torch.Tensor] = {}
     unexpected = []
-    for file in _weight_files(directory):  # one shard at a time on the host, then on the device
+    for file in weight_files(directory):  # one shard at a time on the host, then on the device
         read: dict[str, torch.Tensor] = {}
         unexpected += _read_tensors(file, expected, skip, read)
         tensors.update({name: t.to(device=device, dtype=dtype) for name, t in read.items()})
