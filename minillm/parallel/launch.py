@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -65,7 +66,9 @@ def _rank_main(rank, world_size, init_file, backend, timeout, threads, fn, args,
             out = fn(rank, world_size, *args)
         finally:
             dist.destroy_process_group()
-        results.put(("ok", rank, out))
+        # Pickled here to bytes: a tensor put on a torch queue as such travels as a shared-memory
+        # handle, which dies with this process if it exits before the launcher reads it.
+        results.put(("ok", rank, pickle.dumps(out)))
     except BaseException:  # the launcher stops everyone and raises this traceback
         with contextlib.suppress(Exception):
             results.put(("error", rank, traceback.format_exc()))
@@ -127,7 +130,7 @@ def _collect(procs, results, world_size: int, timeout: float) -> list:
                     kind, rank, payload = results.get(timeout=1.0)
                     if kind == "error":
                         raise RankError(f"rank {rank} of {world_size} failed:\n{payload}") from None
-                    out[rank] = payload
+                    out[rank] = pickle.loads(payload)
                     continue
                 codes = ", ".join(f"rank {r} exit code {procs[r].exitcode}" for r in dead)
                 raise RankError(f"a rank died without reporting ({codes})") from None
@@ -137,7 +140,7 @@ def _collect(procs, results, world_size: int, timeout: float) -> list:
             continue
         if kind == "error":
             raise RankError(f"rank {rank} of {world_size} failed:\n{payload}")
-        out[rank] = payload
+        out[rank] = pickle.loads(payload)
     return [out[r] for r in range(world_size)]
 
 

@@ -22,7 +22,15 @@ same (all-reduced) logits and samples the same tokens.
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..core.checkpoints import read_config, resolve, to_hf_state_dict
 from ..core.config import ModelConfig
+from ..core.model import Transformer, rope_inv_freq
+from .comm import Comm
+from .shards import CheckpointSlices
 
 
 def check_tensor_parallel(config: ModelConfig, tp: int, vocab_parallel: bool = False) -> None:
@@ -74,3 +82,146 @@ def kv_heads(config: ModelConfig, tp: int, rank: int) -> range:
         return range(rank * n, (rank + 1) * n)
     head = query_heads(config, tp, rank).start // config.n_rep
     return range(head, head + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sharded layers
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_r @ W_r^T) + b: rank r holds the columns of W that read its slice x_r of
+    the input, so its product is one of the N partial sums of the full output. The bias (whole,
+    on every rank) is added once, after the sum."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, comm: Comm):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)  # (out, in / N)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.comm = comm
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.comm.all_reduce(F.linear(x, self.weight))  # (..., out): the sum of N partial products
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelHead(nn.Module):
+    """The LM head split by vocabulary: rank r scores tokens [r V/N, (r+1) V/N); one all-gather
+    puts the N slices of the logits side by side."""
+
+    def __init__(self, weight: Tensor, comm: Comm):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)  # (V / N, dim)
+        self.comm = comm
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.comm.all_gather(F.linear(x, self.weight), dim=-1)  # (..., V)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading one rank's shards
+
+
+class _ModelSource:
+    """The ``CheckpointSlices`` interface over a model in memory (its Hugging Face tensor names),
+    for sharding a model that one process already holds (a notebook's)."""
+
+    def __init__(self, model: Transformer):
+        self.tensors = to_hf_state_dict(model.state_dict(), model.config)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name: str, rows=None, cols=None, dtype=None, device=None) -> Tensor:
+        t = self.tensors[name]
+        if rows is not None:
+            t = t[rows[0] : rows[1]]
+        if cols is not None:
+            t = t[:, cols[0] : cols[1]]
+        return t.to(device=device, dtype=dtype).contiguous()
+
+
+def _shard_tensors(source, config: ModelConfig, tp: int, rank: int, vocab_parallel: bool, **to) -> dict:
+    """Rank ``rank``'s tensor of every parameter of the local model, read from ``source``."""
+    hd, f = config.head_dim, config.ffn_dim // tp
+    q, kv = query_heads(config, tp, rank), kv_heads(config, tp, rank)
+    q_rows, kv_rows, f_rows = (q.start * hd, q.stop * hd), (kv.start * hd, kv.stop * hd), (rank * f, (rank + 1) * f)
+    out = {name: source.get(name, **to) for name in ("embed_tokens.weight", "norm.weight")}
+    for i in range(config.n_layers):
+        hf = mine = f"layers.{i}."  # the same names, except for the stacked projections
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[f"{mine}{norm}.weight"] = source.get(f"{hf}{norm}.weight", **to)
+        for param in ("weight", "bias") if config.qkv_bias else ("weight",):
+            parts = [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)]
+            out[f"{mine}self_attn.qkv_proj.{param}"] = torch.cat(
+                [source.get(f"{hf}self_attn.{name}.{param}", rows=rows, **to) for name, rows in parts]
+            )
+        for param in ("weight", "bias") if config.mlp_bias else ("weight",):
+            out[f"{mine}mlp.gate_up_proj.{param}"] = torch.cat(
+                [source.get(f"{hf}mlp.{name}.{param}", rows=f_rows, **to) for name in ("gate_proj", "up_proj")]
+            )
+        out[f"{mine}self_attn.o_proj.weight"] = source.get(f"{hf}self_attn.o_proj.weight", cols=q_rows, **to)
+        out[f"{mine}mlp.down_proj.weight"] = source.get(f"{hf}mlp.down_proj.weight", cols=f_rows, **to)
+        if config.o_bias:
+            out[f"{mine}self_attn.o_proj.bias"] = source.get(f"{hf}self_attn.o_proj.bias", **to)
+        if config.mlp_bias:
+            out[f"{mine}mlp.down_proj.bias"] = source.get(f"{hf}mlp.down_proj.bias", **to)
+    head = "embed_tokens.weight" if config.tie_embeddings else "lm_head.weight"
+    if vocab_parallel:
+        v = config.vocab_size // tp
+        out["lm_head.weight"] = source.get(head, rows=(rank * v, (rank + 1) * v), **to)
+    elif not config.tie_embeddings:
+        out["lm_head.weight"] = source.get(head, **to)
+    return out
+
+
+def shard_model(
+    source,
+    config: ModelConfig,
+    comm: Comm,
+    vocab_parallel: bool = False,
+    device=None,
+    dtype: torch.dtype = torch.float32,
+) -> Transformer:
+    """This rank's part of the model: a ``Transformer`` of ``local_config`` shapes whose o_proj and
+    down_proj all-reduce (and whose head all-gathers, if vocabulary-parallel). ``source`` is a
+    ``CheckpointSlices`` (reads only this rank's blocks) or a model in memory (``_ModelSource``)."""
+    tp, rank = comm.world_size, comm.rank
+    check_tensor_parallel(config, tp, vocab_parallel)
+    device = torch.device(device or "cpu")
+    local = local_config(config, tp)
+    with torch.device("meta"):
+        model = Transformer(local)
+    tensors = _shard_tensors(source, config, tp, rank, vocab_parallel, dtype=dtype, device=device)
+    head = tensors.pop("lm_head.weight") if vocab_parallel else None
+    model.load_state_dict(tensors, strict=False, assign=True)
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.o_proj = RowParallelLinear(attn.o_proj.weight.data, _data(attn.o_proj.bias), comm)
+        mlp.down_proj = RowParallelLinear(mlp.down_proj.weight.data, _data(mlp.down_proj.bias), comm)
+    if vocab_parallel:
+        model.lm_head = VocabParallelHead(head, comm)
+    elif config.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.inv_freq = rope_inv_freq(local).to(device)
+    model.tensor_parallel = tp  # what a timing line or a report names
+    return model.eval()
+
+
+def _data(p: nn.Parameter | None) -> Tensor | None:
+    return p.data if p is not None else None
+
+
+def load_tensor_parallel(
+    directory, comm: Comm, vocab_parallel: bool = False, device=None, dtype: torch.dtype = torch.float32
+) -> Transformer:
+    """Load this rank's shards of a checkpoint (a directory or a bundled model's name), reading
+    only its own rows and columns of each matrix."""
+    path = resolve(directory)
+    config, _ = read_config(path)
+    with CheckpointSlices(path) as source:
+        return shard_model(source, config, comm, vocab_parallel, device, dtype)
+
+
+def shard_in_memory(model: Transformer, comm: Comm, vocab_parallel: bool = False) -> Transformer:
+    """This rank's part of a model the process already holds (every rank built the same one)."""
+    return shard_model(_ModelSource(model), model.config, comm, vocab_parallel, model.device, model.dtype)
