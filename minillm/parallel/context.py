@@ -178,7 +178,8 @@ def padding_tokens(layout: list[list[int]]) -> list[int]:
 
 def ring_bytes(world: int, batch: int, n_kv_heads: int, slice_len: int, head_dim: int, element_size: int = 4) -> int:
     """Bytes one rank sends in one ring attention: (p - 1) x (K + V + int64 key positions) of its
-    padded slice of ``slice_len`` tokens."""
+    padded slice of ``slice_len`` tokens. Linear in ``slice_len``: the padding's share of it is
+    ``ring_bytes`` with ``slice_len`` = that rank's ``padding_tokens``."""
     block = 2 * batch * n_kv_heads * slice_len * head_dim * element_size + batch * slice_len * POSITION_BYTES
     return (world - 1) * block
 

@@ -126,6 +126,8 @@ def test_ring_bytes_formula_and_padding():
     layout = zigzag_layout(13, 4)  # 8 chunks of 2, 2, 2, 2, 2, 1, 1, 1: ranks hold 3, 3, 3, 4 tokens
     assert [len(t) for t in layout] == [3, 3, 3, 4]
     assert padded_length(layout) == 4 and padding_tokens(layout) == [1, 1, 1, 0]
+    full, padding = (ring_bytes(4, 2, 2, n, 8) for n in (4, 1))
+    assert full == 4 * padding == 3 * 4 * (2 * 2 * 2 * 8 * 4 + 2 * 8)  # a quarter of rank 0's bytes is padding
     x = torch.ones(2, 3)
     assert torch.equal(pad_tokens(x, 5, dim=1, value=-1)[:, 3:], torch.full((2, 2), -1.0))
 
