@@ -108,6 +108,10 @@ def test_stage_reads_only_its_layers_and_caches_only_them(model_dirs):
     stage = Stage.from_checkpoint(model_dirs["tied"], 1, 2)
     assert stage.layer_ids == range(2, 4) and stage.embed_tokens is None and stage.lm_head is None
     names = {n for n, _ in stage.named_parameters()}
+    read = {n for sources in stage.checkpoint_names().values() for n in sources}
+    assert {n.split(".")[1] for n in read if n.startswith("layers.")} == {"2", "3"}
+    assert {n for n in read if not n.startswith("layers.")} == {"norm.weight"}  # + embed_tokens as the tied head
+    assert len(read) == 2 * 9 + 1  # q, k, v, o, gate, up, down and two norms per layer, read apart
     assert not any(n.startswith(("layers.2.", "layers.3.")) for n in names)  # local names 0..1
     cache = stage.new_cache(3, 10)
     assert isinstance(cache, StageKVCache) and cache.k.shape[0] == 2
