@@ -1,0 +1,287 @@
+"""Chapter 15's pictures: the four ways to spread one model's inference over several GPUs drawn
+side by side (replicas; tensor parallel, Shoeybi et al., 2019; pipeline, Huang et al., 2019;
+context parallel, ring attention, Liu et al., 2023), a pipeline's timeline with its bubble
+(p - 1) / (m + p - 1), which K/V block each rank holds at each step of ring attention, the causal
+work per rank of a contiguous and a zigzag split of the sequence, predicted against published
+tensor-parallel speedups, and counted bytes against their formulas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+from .disagg import _arrow, _box, _require
+
+RANK_COLORS = ["#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb", "#fcbba1", "#d9d9d9", "#fee391", "#ccebc5"]
+COMM_COLOR = "tab:purple"
+IDEAL_COLOR = "0.5"
+
+
+def pipeline_bubble_formula(stages: int, micro_batches: int) -> float:
+    """The idle share of a GPipe-style schedule (Huang et al., 2019): (p - 1) / (m + p - 1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The four kinds
+
+
+def _panel(ax, title: str) -> None:
+    ax.set(xlim=(0, 10), ylim=(0, 6))
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(title, fontsize=10, weight="bold")
+
+
+def _draw_replicas(ax) -> None:
+    _panel(ax, "replicas: N whole copies, requests split")
+    _box(ax, 0.2, 2.4, 1.6, 1.2, "requests", "white")
+    for i, y in enumerate((4.3, 2.4, 0.5)):
+        _box(ax, 4.2, y, 5.4, 1.2, f"GPU {i}: the whole model\n(all layers, own KV cache)", RANK_COLORS[i], fontsize=8)
+        _arrow(ax, (1.85, 3.0), (4.15, y + 0.6))
+    ax.text(3.0, 5.6, "nothing exchanged between GPUs", ha="center", fontsize=8, color="0.3")
+
+
+def _draw_tensor(ax) -> None:
+    _panel(ax, "tensor parallel: every layer's matrices split")
+    _box(ax, 0.1, 2.5, 1.3, 1.0, "x\n(tokens, d)", "white", fontsize=8)
+    for i, y in enumerate((3.6, 0.9)):
+        _box(ax, 2.2, y, 2.6, 1.4, f"rank {i}\nq/k/v, gate/up:\ncolumns {i + 1}/2", RANK_COLORS[i], fontsize=8)
+        _box(ax, 5.3, y, 2.0, 1.4, f"o, down:\nrows {i + 1}/2\n(partial sum)", RANK_COLORS[i], fontsize=8)
+        _arrow(ax, (1.45, 3.0), (2.15, y + 0.7))
+        _arrow(ax, (4.85, y + 0.7), (5.25, y + 0.7))
+        _arrow(ax, (7.35, y + 0.7), (7.95, 3.0), color=COMM_COLOR)
+    _box(ax, 8.0, 2.3, 1.9, 1.4, "all-reduce\n(sum)\n2 per layer", "#e5d8f0", fontsize=8)
+
+
+def _draw_pipeline(ax) -> None:
+    _panel(ax, "pipeline: consecutive layers on consecutive ranks")
+    width, gap = 1.9, 0.6
+    for i in range(4):
+        x = 0.1 + i * (width + gap)
+        _box(ax, x, 2.3, width, 1.6, f"rank {i}\nlayers\n{8 * i}-{8 * i + 7}", RANK_COLORS[i], fontsize=8)
+        if i < 3:
+            _arrow(ax, (x + width + 0.03, 3.1), (x + width + gap - 0.03, 3.1), color=COMM_COLOR)
+    ax.text(5.0, 1.6, "activations (tokens, d) sent rank to rank", ha="center", fontsize=8, color=COMM_COLOR)
+    ax.text(5.0, 4.6, "micro-batches keep every rank busy, but for the bubble", ha="center", fontsize=8, color="0.3")
+
+
+def _draw_context(ax) -> None:
+    _panel(ax, "context parallel: the sequence split, K/V passed round a ring")
+    centers = [(2.6, 4.3), (7.4, 4.3), (7.4, 1.3), (2.6, 1.3)]
+    w, h = 3.0, 1.1
+    for i, (cx, cy) in enumerate(centers):
+        _box(ax, cx - w / 2, cy - h / 2, w, h, f"rank {i}: tokens\nchunk {i} (Q, K, V)", RANK_COLORS[i], fontsize=8)
+    for i in range(4):
+        (x0, y0), (x1, y1) = centers[i], centers[(i + 1) % 4]
+        if y0 == y1:  # horizontal: leave from the side
+            sign = 1 if x1 > x0 else -1
+            _arrow(ax, (x0 + sign * w / 2, y0), (x1 - sign * w / 2, y1), color=COMM_COLOR)
+        else:
+            sign = 1 if y1 > y0 else -1
+            _arrow(ax, (x0, y0 + sign * h / 2), (x1, y1 - sign * h / 2), color=COMM_COLOR)
+    ax.text(5.0, 2.8, "K/V blocks\nround the ring", ha="center", va="center", fontsize=8, color=COMM_COLOR)
+
+
+def draw_parallelism_kinds(title: str = "Four ways to run one model on several GPUs"):
+    """Four schematic panels: replicas, tensor parallel, pipeline, context parallel; what each
+    rank holds and, in purple, what travels between ranks."""
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.6))
+    for draw, ax in zip((_draw_replicas, _draw_tensor, _draw_pipeline, _draw_context), axes.flat):
+        draw(ax)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipeline timeline
+
+
+def measured_bubble(timelines: Sequence[Sequence[Mapping]]) -> float:
+    """The idle share of ranks x (last end - first start): 1 - busy / (ranks x span)."""
+    bars = [b for rank in timelines for b in rank]
+    start, end = min(b["start"] for b in bars), max(b["end"] for b in bars)
+    busy = sum(b["end"] - b["start"] for b in bars)
+    return 1.0 - busy / (len(timelines) * (end - start))
+
+
+def plot_pipeline_timeline(
+    timelines: Sequence[Sequence[Mapping]], stages: int, micro_batches: int, hardware: str = "", title: str = ""
+):
+    """A Gantt chart: one row per rank (rank 0 on top), one bar per micro-batch's forward on that
+    rank, colored and labelled by micro-batch. The title gives the measured bubble beside the
+    formula (p - 1) / (m + p - 1). Input: per rank a list of {"micro_batch", "start", "end"} (s)."""
+    if not timelines or any(len(rank) == 0 for rank in timelines):
+        raise ValueError("plot_pipeline_timeline: every rank needs at least one bar")
+    if len(timelines) != stages:
+        raise ValueError(f"plot_pipeline_timeline: {len(timelines)} ranks' timelines for {stages} stages")
+    for r, rank in enumerate(timelines):
+        _require(rank, ("micro_batch", "start", "end"), f"plot_pipeline_timeline rank {r}")
+        for b in rank:
+            if b["end"] < b["start"]:
+                raise ValueError(f"plot_pipeline_timeline: rank {r} has a bar ending before it starts")
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.55 * stages))
+    t0 = min(b["start"] for rank in timelines for b in rank)
+    scale, unit = _time_unit(max(b["end"] for rank in timelines for b in rank) - t0)
+    for r, rank in enumerate(timelines):
+        for b in rank:
+            left, width = (b["start"] - t0) * scale, (b["end"] - b["start"]) * scale
+            color = RANK_COLORS[b["micro_batch"] % len(RANK_COLORS)]
+            ax.barh(r, width, left=left, height=0.7, color=color, edgecolor="0.3")
+            ax.text(left + width / 2, r, str(b["micro_batch"]), ha="center", va="center", fontsize=8)
+    ax.set_yticks(range(stages), [f"rank {r}" for r in range(stages)])
+    ax.invert_yaxis()
+    ax.set(xlabel=f"time since the first micro-batch started ({unit})", ylabel="pipeline stage")
+    ax.grid(axis="y", visible=False)
+    measured, formula = measured_bubble(timelines), pipeline_bubble_formula(stages, micro_batches)
+    head = title or f"Pipeline of {stages} stages, {micro_batches} micro-batches (bars: micro-batch number)"
+    line = f"bubble measured {measured:.0%}, formula (p-1)/(m+p-1) = {formula:.0%}"
+    ax.set_title("\n".join(part for part in (head, line, hardware) if part), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _time_unit(span_s: float) -> tuple[float, str]:
+    return (1e3, "ms") if span_s < 1 else (1.0, "s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ring attention
+
+
+def ring_schedule(world: int) -> list[list[int]]:
+    """holds[rank][step]: the K/V block rank ``rank`` attends at ``step`` when each rank passes its
+    block to the next rank each step: (rank - step) mod world."""
+    return [[(rank - step) % world for step in range(world)] for rank in range(world)]
+
+
+def plot_ring_steps(world: int, title: str = ""):
+    """A grid ranks x steps: in each cell the K/V block that rank holds at that step (the
+    sequence split contiguously, rank r holding queries of chunk r). Causally, a rank skips a
+    block from later in the sequence (grey), computes a block from earlier in full (blue), and
+    its own block under the causal mask (orange)."""
+    if not isinstance(world, int) or isinstance(world, bool) or not 2 <= world <= 16:
+        raise ValueError(f"world must be an integer between 2 and 16 for a readable grid, got {world!r}")
+    holds = np.array(ring_schedule(world))
+    ranks = np.arange(world)[:, None]
+    kind = np.where(holds < ranks, 0, np.where(holds == ranks, 1, 2))  # 0 full, 1 diagonal, 2 skipped
+    colors = ["#9ecae1", "#fdae6b", "#e0e0e0"]
+    size = min(9.5, 5.0 + 0.8 * world)
+    fig, ax = plt.subplots(figsize=(size, 0.8 + 0.6 * world))
+    ax.imshow(kind, cmap=ListedColormap(colors), vmin=-0.5, vmax=2.5, aspect="auto")
+    for r in range(world):
+        for s in range(world):
+            ax.text(s, r, f"K/V {holds[r, s]}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(world), [str(s) for s in range(world)])
+    ax.set_yticks(range(world), [f"rank {r}" for r in range(world)])
+    ax.set(xlabel="ring step", ylabel="rank (holds queries of its chunk)")
+    ax.grid(visible=False)
+    legend = [
+        Patch(color=colors[0], label="earlier block: full attention"),
+        Patch(color=colors[1], label="own block: causal mask"),
+        Patch(color=colors[2], label="later block: skipped (causal)"),
+    ]
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    skipped = int((kind == 2).sum())
+    head = title or f"Ring attention over {world} ranks: which K/V block each rank holds"
+    ax.set_title(f"{head}\n{skipped} of {world * world} block pairs skipped by the causal mask", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Causal work per rank
+
+
+def imbalance(work: Sequence[float]) -> float:
+    """max / mean of the work per rank: 1 is perfectly balanced."""
+    return max(work) / (sum(work) / len(work))
+
+
+def plot_causal_work(work_by_layout: Mapping[str, Sequence[int]], unit: str = "query-key pairs", title: str = ""):
+    """Bars of the causal attention work each rank does, side by side per layout (e.g. the
+    sequence cut in contiguous chunks, where the last rank does most, against a zigzag that
+    gives each rank one early and one late chunk); the legend gives each layout's max/mean."""
+    if not work_by_layout:
+        raise ValueError("plot_causal_work: work_by_layout is empty")
+    lengths = {len(w) for w in work_by_layout.values()}
+    if len(lengths) != 1 or 0 in lengths:
+        raise ValueError("plot_causal_work: every layout needs the same, non-zero number of ranks")
+    ranks = lengths.pop()
+    fig, ax = plt.subplots(figsize=(min(9.0, 3.5 + 0.6 * ranks), 3.8))
+    x = np.arange(ranks)
+    width = 0.8 / len(work_by_layout)
+    for k, (layout, work) in enumerate(work_by_layout.items()):
+        label = f"{layout} (max/mean {imbalance(work):.2f})"
+        ax.bar(x + (k - (len(work_by_layout) - 1) / 2) * width, work, width * 0.95, color=f"C{k}", label=label)
+    ax.set_xticks(x, [f"rank {r}" for r in range(ranks)])
+    ax.set(xlabel="rank", ylabel=f"causal attention work ({unit})")
+    ax.grid(axis="x", visible=False)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "Causal attention work per rank", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor-parallel speedups and counted bytes
+
+
+def plot_tp_speedup(rows: Sequence[Mapping], title: str = ""):
+    """Speedup against the number of GPUs, one line per (model, link) for the prediction, round
+    markers for published figures where a row has them, and the dashed ideal (speedup = GPUs /
+    the setup's fewest). Rows as ``parallel.predict.tp_speedup_rows`` makes them."""
+    _require(rows, ("model", "link", "gpus", "predicted_speedup"), "plot_tp_speedup")
+    setups = list(dict.fromkeys((r["model"], r["link"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for k, (model, link) in enumerate(setups):
+        mine = sorted((r for r in rows if (r["model"], r["link"]) == (model, link)), key=lambda r: r["gpus"])
+        gpus = [r["gpus"] for r in mine]
+        base = mine[0].get("relative_to_gpus", 1)
+        label = f"{model}, {link}" + (f" (vs {base} GPUs)" if base != 1 else "")
+        ax.plot(
+            gpus, [r["predicted_speedup"] for r in mine], "s--", color=f"C{k}", mfc="none", label=f"{label}: predicted"
+        )
+        published = [(r["gpus"], r["published_speedup"]) for r in mine if r.get("published_speedup") is not None]
+        if published:
+            px, py = zip(*published)
+            ax.plot(px, py, "o-", color=f"C{k}", label=f"{label}: published")
+    top = max(r["gpus"] for r in rows)
+    ax.plot([1, top], [1, top], color=IDEAL_COLOR, ls=":", lw=1, label="ideal from 1 GPU (speedup = GPUs)")
+    ax.set(xlabel="GPUs (tensor-parallel size)", ylabel="decode speedup\n(tokens/s over the fewest GPUs)")
+    ax.set_xticks(sorted({r["gpus"] for r in rows}))
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(title or "Tensor-parallel decode speedup, predicted and published", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_comm_bytes(rows: Sequence[Mapping], hardware: str = "", title: str = ""):
+    """Bytes counted by ``Comm`` beside the formula's, per kind of communication (log scale):
+    equal bars say the model sends exactly what the arithmetic says."""
+    _require(rows, ("kind", "measured", "formula"), "plot_comm_bytes")
+    for i, r in enumerate(rows):
+        if not (r["measured"] > 0 and r["formula"] > 0):
+            raise ValueError(f"plot_comm_bytes: row {i} needs measured and formula > 0 on a log axis")
+    fig, ax = plt.subplots(figsize=(min(9.0, 3.5 + 1.3 * len(rows)), 4))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["measured"] for r in rows], 0.38, color="tab:blue", label="counted by Comm")
+    ax.bar(x + 0.2, [r["formula"] for r in rows], 0.38, color="tab:orange", label="formula")
+    ax.set_yscale("log")
+    values = [r[k] for r in rows for k in ("measured", "formula")]
+    ax.set_ylim(min(values) / 10, max(values) * 3)  # the smallest bar stays visible
+    ax.set_xticks(x, [r["kind"] for r in rows])
+    ax.set(xlabel="communication", ylabel="payload bytes per rank (log)")
+    ax.grid(axis="x", visible=False)
+    ax.legend(fontsize=8)
+    head = title or "Bytes sent: counted against the formula"
+    ax.set_title("\n".join(part for part in (head, hardware) if part), fontsize=10)
+    fig.tight_layout()
+    return fig
