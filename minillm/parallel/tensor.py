@@ -22,14 +22,19 @@ same (all-reduced) logits and samples the same tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.cache import KVCache
 from ..core.checkpoints import read_config, resolve, to_hf_state_dict
-from ..core.config import ModelConfig
+from ..core.config import ModelConfig, is_int
+from ..core.generate import generate
 from ..core.model import Transformer, rope_inv_freq
 from .comm import Comm
+from .launch import launch
 from .shards import CheckpointSlices
 
 
@@ -225,3 +230,79 @@ def load_tensor_parallel(
 def shard_in_memory(model: Transformer, comm: Comm, vocab_parallel: bool = False) -> Transformer:
     """This rank's part of a model the process already holds (every rank built the same one)."""
     return shard_model(_ModelSource(model), model.config, comm, vocab_parallel, model.device, model.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking a sharded model against one process (tests and chapter 15)
+
+
+@dataclass(frozen=True)
+class TPCheck:
+    """One check run on every rank: load the shards of ``model`` (a directory or a bundled name),
+    run ``prompt_ids`` through them, then generate ``max_new_tokens`` greedy tokens."""
+
+    model: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int = 32
+    vocab_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids or not all(is_int(t) and t >= 0 for t in self.prompt_ids):
+            raise ValueError(f"TPCheck.prompt_ids must be non-negative token ids, got {self.prompt_ids!r}")
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"TPCheck.max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+
+    def config(self) -> ModelConfig:
+        return read_config(resolve(self.model))[0]
+
+
+@dataclass(frozen=True)
+class TPResult:
+    prefill_logits: Tensor  # (T, vocab): every prompt position's logits
+    prefill_counts: dict  # Comm.counts() of the prefill
+    tokens: list[int]  # the greedy tokens
+    generate_counts: dict  # Comm.counts() of the whole generate call (its prefill and decode steps)
+    decode_step_counts: dict  # Comm.counts() of one decode step
+    local_params: int  # parameters this rank holds
+    ttft_s: float
+    tpot_s: float
+
+
+def _check_one(comm: Comm, spec: TPCheck) -> TPResult:
+    model = load_tensor_parallel(spec.model, comm, spec.vocab_parallel)
+    prompt = torch.tensor([spec.prompt_ids])
+    comm.reset()
+    with torch.inference_mode():
+        logits = model(prompt)[0]  # (T, vocab)
+    prefill = comm.counts()
+    comm.reset()
+    result = generate(model, prompt, spec.max_new_tokens, eos_token_id=None)
+    whole = comm.counts()
+    cache = KVCache.for_model(model, 1, len(spec.prompt_ids) + 1)
+    with torch.inference_mode():
+        model(prompt, cache=cache)
+        comm.reset()
+        model(result.tokens[:, :1], cache=cache)
+    return TPResult(
+        logits,
+        prefill,
+        result.tokens[0].tolist(),
+        whole,
+        comm.counts(),
+        sum(p.numel() for p in model.parameters()),
+        result.ttft,
+        result.tpot,
+    )
+
+
+def tp_check(rank: int, world_size: int, specs: tuple[TPCheck, ...]) -> list[TPResult]:
+    """The rank function: every check, in order, on this rank (``launch(tp_check, N, specs)``)."""
+    comm = Comm()
+    return [_check_one(comm, spec) for spec in specs]
+
+
+def run_tp_checks(specs: tuple[TPCheck, ...], world_size: int, timeout: float = 60.0) -> list[list[TPResult]]:
+    """Check every split before any process starts, then one launch; per rank, the results in order."""
+    for spec in specs:
+        check_tensor_parallel(spec.config(), world_size, spec.vocab_parallel)
+    return launch(tp_check, world_size, tuple(specs), timeout=timeout)
