@@ -126,12 +126,9 @@ def _collect(procs, results, world_size: int, timeout: float) -> list:
         except queue.Empty:
             dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0 and r not in out]
             if dead:
-                with contextlib.suppress(queue.Empty):  # its report may have just arrived
-                    kind, rank, payload = results.get(timeout=1.0)
-                    if kind == "error":
-                        raise RankError(f"rank {rank} of {world_size} failed:\n{payload}") from None
-                    out[rank] = pickle.loads(payload)
-                    continue
+                errors = _more_errors(results, procs, {}, out)
+                if errors:
+                    raise RankError(_failure_message(errors, world_size)) from None
                 codes = ", ".join(f"rank {r} exit code {procs[r].exitcode}" for r in dead)
                 raise RankError(f"a rank died without reporting ({codes})") from None
             if time.monotonic() > deadline:
@@ -139,9 +136,44 @@ def _collect(procs, results, world_size: int, timeout: float) -> list:
                 raise RankError(f"rank(s) {waiting} of {world_size} still running after {timeout} s") from None
             continue
         if kind == "error":
-            raise RankError(f"rank {rank} of {world_size} failed:\n{payload}")
+            errors = _more_errors(results, procs, {rank: payload}, out)
+            raise RankError(_failure_message(errors, world_size))
         out[rank] = pickle.loads(payload)
     return [out[r] for r in range(world_size)]
+
+
+# What a rank reports when a peer went away: a consequence, not the cause.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out")
+
+
+def _more_errors(results, procs, errors: dict, out: dict, wait: float = 2.0) -> dict:
+    """After a first failure, the other ranks' reports for up to ``wait`` seconds: the rank that
+    failed first is often not the first to report (its peers' collectives break at once)."""
+    end = time.monotonic() + wait
+    while time.monotonic() < end and len(errors) + len(out) < len(procs):
+        try:
+            kind, rank, payload = results.get(timeout=0.1)
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs):
+                break
+            continue
+        if kind == "error":
+            errors[rank] = payload
+        else:
+            out[rank] = pickle.loads(payload)
+    return errors
+
+
+def _failure_message(errors: dict, world_size: int) -> str:
+    """The cause first (a rank whose error is not a broken connection), the consequences after."""
+    causes = [r for r in sorted(errors) if not any(m in errors[r] for m in PEER_GONE)]
+    first = causes[0] if causes else min(errors)
+    message = f"rank {first} of {world_size} failed:\n{errors[first]}"
+    others = [r for r in sorted(errors) if r != first]
+    if others:
+        last = {r: errors[r].strip().splitlines()[-1] for r in others}
+        message += "\nthen: " + "; ".join(f"rank {r}: {line}" for r, line in last.items())
+    return message
 
 
 def _stop(procs) -> None:
