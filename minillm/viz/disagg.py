@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from matplotlib.patches import FancyBboxPatch
 
 from ..measure.metrics import percentiles
+from .style import arrow, box, require_keys
 
 PHASE_COLORS = {"prefill": "#fdd0a2", "decode": "#c6dbef", "colocated": "#d9d9d9", "router": "#e5f5e0"}
 MODE_COLORS = {"colocated": "tab:red", "chunked": "tab:orange"}  # disaggregated modes: the next colors
@@ -26,23 +27,13 @@ LABEL_BOX = {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5}  # keeps a v
 # The drawings
 
 
-def _box(ax, x: float, y: float, w: float, h: float, text: str, color: str, fontsize: float = 9, **kw):
-    """A rounded box with its lower left corner at (x, y), ``text`` centred in it."""
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08", fc=color, ec="0.3", **kw))
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
-
-
-def _arrow(ax, start: tuple[float, float], end: tuple[float, float], color: str = "0.25", **kw):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color=color, lw=1.2, **kw))
-
-
 def _worker(ax, x: float, y: float, w: float, h: float, name: str, color: str) -> None:
     """A worker: its name on top, inside it a model copy and a paged KV pool."""
     ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.1", fc=color, ec="0.3"))
     ax.text(x + w / 2, y + h - 0.2, name, ha="center", va="center", fontsize=9, weight="bold")
     inner_w, inner_h = w - 0.3, (h - 0.55) / 2
     for i, part in enumerate(("model copy", "paged KV pool")):
-        _box(ax, x + 0.15, y + 0.1 + (1 - i) * (inner_h + 0.1), inner_w, inner_h, part, "white", fontsize=8)
+        box(ax, x + 0.15, y + 0.1 + (1 - i) * (inner_h + 0.1), inner_w, inner_h, part, "white", fontsize=8)
 
 
 def _column(n: int, top: float, bottom: float, gap: float = 0.3) -> list[tuple[float, float]]:
@@ -70,16 +61,16 @@ def _check_workers(**counts: int) -> None:
 
 def _clients_and_router(ax, mid: float) -> None:
     """Clients at the left, the router beside them, the requests' arrow between."""
-    _box(ax, 0.1, mid - 0.6, 0.75, 1.2, "clients", "white", fontsize=10)
-    _box(ax, 1.55, mid - 0.6, 0.9, 1.2, "router\n(picks the\nworkers)", PHASE_COLORS["router"], fontsize=8)
-    _arrow(ax, (0.87, mid), (1.53, mid))
+    box(ax, 0.1, mid - 0.6, 0.75, 1.2, "clients", "white", fontsize=10)
+    box(ax, 1.55, mid - 0.6, 0.9, 1.2, "router\n(picks the\nworkers)", PHASE_COLORS["router"], fontsize=8)
+    arrow(ax, (0.87, mid), (1.53, mid))
     ax.text(1.2, mid + 0.08, "requests", ha="center", va="bottom", fontsize=7)
 
 
 def _return_path(ax, start_x: float, start_y: float, y: float, end_y: float, label: str) -> None:
     """The tokens' way back: down from ``(start_x, start_y)`` to ``y``, left, up to the clients at ``end_y``."""
     ax.plot([start_x, start_x, 0.475], [start_y, y, y], color="tab:blue", lw=1.2)
-    _arrow(ax, (0.475, y), (0.475, end_y - 0.02), color="tab:blue")
+    arrow(ax, (0.475, y), (0.475, end_y - 0.02), color="tab:blue")
     ax.text((start_x + 0.475) / 2, y + 0.07, label, ha="center", va="bottom", fontsize=8, color="tab:blue")
 
 
@@ -98,13 +89,13 @@ def draw_disaggregation(prefill_workers: int = 1, decode_workers: int = 1, title
     decode = _column(decode_workers, top, bottom)
     for i, (y, h) in enumerate(prefill):
         _worker(ax, px, y, w, h, f"prefill worker {i}", PHASE_COLORS["prefill"])
-        _arrow(ax, (2.47, mid), (px - 0.03, y + h / 2))
+        arrow(ax, (2.47, mid), (px - 0.03, y + h / 2))
     ax.text((2.47 + px) / 2, mid - 0.08, "prompts", ha="center", va="top", fontsize=7)
     for j, (y, h) in enumerate(decode):
         _worker(ax, dx, y, w, h, f"decode worker {j}", PHASE_COLORS["decode"])
     for y_p, h_p in prefill:
         for y_d, h_d in decode:
-            _arrow(ax, (px + w + 0.03, y_p + h_p / 2), (dx - 0.03, y_d + h_d / 2), color="tab:purple")
+            arrow(ax, (px + w + 0.03, y_p + h_p / 2), (dx - 0.03, y_d + h_d / 2), color="tab:purple")
     lowest = min(y + h / 2 for y, h in prefill + decode)
     kv_label = "KV blocks (all layers)\n+ first token\n(torch.distributed\nsend/recv)"
     ax.text((px + w + dx) / 2, lowest - 0.12, kv_label, ha="center", va="top", fontsize=8, color="tab:purple")
@@ -124,7 +115,7 @@ def draw_colocated(workers: int = 2, title: str = ""):
     column = _column(workers, top, bottom)
     for i, (y, h) in enumerate(column):
         _worker(ax, x, y, w, h, f"worker {i} (prefill + decode)", PHASE_COLORS["colocated"])
-        _arrow(ax, (2.47, mid), (x - 0.03, y + h / 2))
+        arrow(ax, (2.47, mid), (x - 0.03, y + h / 2))
     ax.text((2.47 + x) / 2, mid - 0.08, "whole requests", ha="center", va="top", fontsize=7)
     _return_path(ax, x + w / 2, column[-1][0], 0.4, mid - 0.6, "all tokens streamed back to the clients")
     return fig
@@ -132,15 +123,6 @@ def draw_colocated(workers: int = 2, title: str = ""):
 
 # ---------------------------------------------------------------------------------------------
 # The plots
-
-
-def _require(rows: Sequence[Mapping], keys: Sequence[str], where: str) -> None:
-    if not rows:
-        raise ValueError(f"{where}: rows is empty")
-    for i, r in enumerate(rows):
-        missing = [k for k in keys if k not in r]
-        if missing:
-            raise ValueError(f"{where}: row {i} lacks {', '.join(missing)}")
 
 
 def mode_colors(modes: Sequence[str]) -> dict[str, str]:
@@ -187,7 +169,7 @@ def plot_goodput_vs_rate(rows: Sequence[Mapping], title: str = "", measured: boo
     """Left: goodput (requests/s that met the SLO) against the offered rate, one line per mode;
     on the dashed diagonal every request meets it. Right: the share of requests within the SLO.
     Goodput as the measure of a serving system: Zhong et al., 2024."""
-    _require(rows, ("mode", "rate", "goodput_rps", "slo_met_pct"), "plot_goodput_vs_rate")
+    require_keys(rows, ("mode", "rate", "goodput_rps", "slo_met_pct"), "plot_goodput_vs_rate")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     colors = mode_colors(modes)
@@ -212,7 +194,7 @@ def plot_goodput_vs_rate(rows: Sequence[Mapping], title: str = "", measured: boo
 
 def best_ratio(rows: Sequence[Mapping]) -> Mapping:
     """The row with the most goodput per worker (the first of equals)."""
-    _require(rows, ("ratio", "goodput_per_worker"), "best_ratio")
+    require_keys(rows, ("ratio", "goodput_per_worker"), "best_ratio")
     return max(rows, key=lambda r: r["goodput_per_worker"])
 
 
@@ -220,7 +202,7 @@ def plot_pd_ratio(rows: Sequence[Mapping], title: str = ""):
     """Goodput per worker for each prefill:decode split, best one in green and each bar
     labelled with the split's total goodput on its workers: the ratio that keeps both pools
     busy depends on the prompt and answer lengths (Zhong et al., 2024)."""
-    _require(rows, ("ratio", "goodput_rps", "goodput_per_worker"), "plot_pd_ratio")
+    require_keys(rows, ("ratio", "goodput_rps", "goodput_per_worker"), "plot_pd_ratio")
     for i, r in enumerate(rows):
         if "workers" not in r and "gpus" not in r:
             raise ValueError(f"plot_pd_ratio: row {i} lacks workers (or gpus)")
@@ -256,7 +238,7 @@ def plot_kv_transfer(rows: Sequence[Mapping], title: str = ""):
     """How long one prompt's K/V take to cross each link (log scale), one group of bars per
     model; the dark vertical line in each group is that model's prefill of the same prompt. A
     transfer well left of its line hides behind the next prefill (Patel et al., 2024)."""
-    _require(rows, ("model", "link", "transfer_ms", "prefill_ms"), "plot_kv_transfer")
+    require_keys(rows, ("model", "link", "transfer_ms", "prefill_ms"), "plot_kv_transfer")
     for i, r in enumerate(rows):
         if not (r["transfer_ms"] > 0 and r["prefill_ms"] > 0):
             raise ValueError(f"plot_kv_transfer: row {i} needs transfer_ms and prefill_ms > 0 on a log axis")

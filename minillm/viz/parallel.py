@@ -15,16 +15,13 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
-from .disagg import _arrow, _box, _require
+from ..parallel.context import imbalance
+from ..parallel.pipeline import Interval, bubble_fraction, measured_bubble
+from .style import arrow, box, require_keys
 
 RANK_COLORS = ["#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb", "#fcbba1", "#d9d9d9", "#fee391", "#ccebc5"]
 COMM_COLOR = "tab:purple"
 IDEAL_COLOR = "0.5"
-
-
-def pipeline_bubble_formula(stages: int, micro_batches: int) -> float:
-    """The idle share of a GPipe-style schedule (Huang et al., 2019): (p - 1) / (m + p - 1)."""
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -40,23 +37,23 @@ def _panel(ax, title: str) -> None:
 
 def _draw_replicas(ax) -> None:
     _panel(ax, "replicas: N whole copies, requests split")
-    _box(ax, 0.2, 2.4, 1.6, 1.2, "requests", "white")
+    box(ax, 0.2, 2.4, 1.6, 1.2, "requests", "white")
     for i, y in enumerate((4.3, 2.4, 0.5)):
-        _box(ax, 4.2, y, 5.4, 1.2, f"GPU {i}: the whole model\n(all layers, own KV cache)", RANK_COLORS[i], fontsize=8)
-        _arrow(ax, (1.85, 3.0), (4.15, y + 0.6))
+        box(ax, 4.2, y, 5.4, 1.2, f"GPU {i}: the whole model\n(all layers, own KV cache)", RANK_COLORS[i], fontsize=8)
+        arrow(ax, (1.85, 3.0), (4.15, y + 0.6))
     ax.text(3.0, 5.6, "nothing exchanged between GPUs", ha="center", fontsize=8, color="0.3")
 
 
 def _draw_tensor(ax) -> None:
     _panel(ax, "tensor parallel: every layer's matrices split")
-    _box(ax, 0.1, 2.5, 1.3, 1.0, "x\n(tokens, d)", "white", fontsize=8)
+    box(ax, 0.1, 2.5, 1.3, 1.0, "x\n(tokens, d)", "white", fontsize=8)
     for i, y in enumerate((3.6, 0.9)):
-        _box(ax, 2.2, y, 2.6, 1.4, f"rank {i}\nq/k/v, gate/up:\ncolumns {i + 1}/2", RANK_COLORS[i], fontsize=8)
-        _box(ax, 5.3, y, 2.0, 1.4, f"o, down:\nrows {i + 1}/2\n(partial sum)", RANK_COLORS[i], fontsize=8)
-        _arrow(ax, (1.45, 3.0), (2.15, y + 0.7))
-        _arrow(ax, (4.85, y + 0.7), (5.25, y + 0.7))
-        _arrow(ax, (7.35, y + 0.7), (7.95, 3.0), color=COMM_COLOR)
-    _box(ax, 8.0, 2.3, 1.9, 1.4, "all-reduce\n(sum)\n2 per layer", "#e5d8f0", fontsize=8)
+        box(ax, 2.2, y, 2.6, 1.4, f"rank {i}\nq/k/v, gate/up:\ncolumns {i + 1}/2", RANK_COLORS[i], fontsize=8)
+        box(ax, 5.3, y, 2.0, 1.4, f"o, down:\nrows {i + 1}/2\n(partial sum)", RANK_COLORS[i], fontsize=8)
+        arrow(ax, (1.45, 3.0), (2.15, y + 0.7))
+        arrow(ax, (4.85, y + 0.7), (5.25, y + 0.7))
+        arrow(ax, (7.35, y + 0.7), (7.95, 3.0), color=COMM_COLOR)
+    box(ax, 8.0, 2.3, 1.9, 1.4, "all-reduce\n(sum)\n2 per layer", "#e5d8f0", fontsize=8)
 
 
 def _draw_pipeline(ax) -> None:
@@ -64,9 +61,9 @@ def _draw_pipeline(ax) -> None:
     width, gap = 1.9, 0.6
     for i in range(4):
         x = 0.1 + i * (width + gap)
-        _box(ax, x, 2.3, width, 1.6, f"rank {i}\nlayers\n{8 * i}-{8 * i + 7}", RANK_COLORS[i], fontsize=8)
+        box(ax, x, 2.3, width, 1.6, f"rank {i}\nlayers\n{8 * i}-{8 * i + 7}", RANK_COLORS[i], fontsize=8)
         if i < 3:
-            _arrow(ax, (x + width + 0.03, 3.1), (x + width + gap - 0.03, 3.1), color=COMM_COLOR)
+            arrow(ax, (x + width + 0.03, 3.1), (x + width + gap - 0.03, 3.1), color=COMM_COLOR)
     ax.text(5.0, 1.6, "activations (tokens, d) sent rank to rank", ha="center", fontsize=8, color=COMM_COLOR)
     ax.text(5.0, 4.6, "micro-batches keep every rank busy, but for the bubble", ha="center", fontsize=8, color="0.3")
 
@@ -76,15 +73,15 @@ def _draw_context(ax) -> None:
     centers = [(2.6, 4.3), (7.4, 4.3), (7.4, 1.3), (2.6, 1.3)]
     w, h = 3.0, 1.1
     for i, (cx, cy) in enumerate(centers):
-        _box(ax, cx - w / 2, cy - h / 2, w, h, f"rank {i}: tokens\nchunk {i} (Q, K, V)", RANK_COLORS[i], fontsize=8)
+        box(ax, cx - w / 2, cy - h / 2, w, h, f"rank {i}: tokens\nchunk {i} (Q, K, V)", RANK_COLORS[i], fontsize=8)
     for i in range(4):
         (x0, y0), (x1, y1) = centers[i], centers[(i + 1) % 4]
         if y0 == y1:  # horizontal: leave from the side
             sign = 1 if x1 > x0 else -1
-            _arrow(ax, (x0 + sign * w / 2, y0), (x1 - sign * w / 2, y1), color=COMM_COLOR)
+            arrow(ax, (x0 + sign * w / 2, y0), (x1 - sign * w / 2, y1), color=COMM_COLOR)
         else:
             sign = 1 if y1 > y0 else -1
-            _arrow(ax, (x0, y0 + sign * h / 2), (x1, y1 - sign * h / 2), color=COMM_COLOR)
+            arrow(ax, (x0, y0 + sign * h / 2), (x1, y1 - sign * h / 2), color=COMM_COLOR)
     ax.text(5.0, 2.8, "K/V blocks\nround the ring", ha="center", va="center", fontsize=8, color=COMM_COLOR)
 
 
@@ -103,44 +100,43 @@ def draw_parallelism_kinds(title: str = "Four ways to run one model on several G
 # Pipeline timeline
 
 
-def measured_bubble(timelines: Sequence[Sequence[Mapping]]) -> float:
-    """The idle share of ranks x (last end - first start): 1 - busy / (ranks x span)."""
-    bars = [b for rank in timelines for b in rank]
-    start, end = min(b["start"] for b in bars), max(b["end"] for b in bars)
-    busy = sum(b["end"] - b["start"] for b in bars)
-    return 1.0 - busy / (len(timelines) * (end - start))
-
-
 def plot_pipeline_timeline(
-    timelines: Sequence[Sequence[Mapping]], stages: int, micro_batches: int, hardware: str = "", title: str = ""
+    timelines: Sequence[Sequence[Interval]],
+    stages: int,
+    micro_batches: int,
+    phase: str = "prefill",
+    step: int = 0,
+    hardware: str = "",
+    title: str = "",
 ):
-    """A Gantt chart: one row per rank (rank 0 on top), one bar per micro-batch's forward on that
-    rank, colored and labelled by micro-batch. The title gives the measured bubble beside the
-    formula (p - 1) / (m + p - 1). Input: per rank a list of {"micro_batch", "start", "end"} (s)."""
-    if not timelines or any(len(rank) == 0 for rank in timelines):
-        raise ValueError("plot_pipeline_timeline: every rank needs at least one bar")
+    """A Gantt chart of one pass (``phase``, ``step``): one row per rank (rank 0 on top), one bar
+    per micro-batch's forward on that rank, labelled by micro-batch. The title gives the measured
+    bubble (``parallel.pipeline.measured_bubble``) beside the formula (p - 1) / (m + p - 1).
+    Input: per rank the ``Interval`` list ``pipeline_generate`` recorded."""
     if len(timelines) != stages:
         raise ValueError(f"plot_pipeline_timeline: {len(timelines)} ranks' timelines for {stages} stages")
-    for r, rank in enumerate(timelines):
-        _require(rank, ("micro_batch", "start", "end"), f"plot_pipeline_timeline rank {r}")
-        for b in rank:
-            if b["end"] < b["start"]:
-                raise ValueError(f"plot_pipeline_timeline: rank {r} has a bar ending before it starts")
+    passes = [[iv for iv in rank if iv.phase == phase and iv.step == step] for rank in timelines]
+    for r, bars in enumerate(passes):
+        if not bars:
+            raise ValueError(f"plot_pipeline_timeline: rank {r} recorded no interval of {phase} step {step}")
+        if any(iv.end < iv.start for iv in bars):
+            raise ValueError(f"plot_pipeline_timeline: rank {r} has a bar ending before it starts")
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.55 * stages))
-    t0 = min(b["start"] for rank in timelines for b in rank)
-    scale, unit = _time_unit(max(b["end"] for rank in timelines for b in rank) - t0)
-    for r, rank in enumerate(timelines):
-        for b in rank:
-            left, width = (b["start"] - t0) * scale, (b["end"] - b["start"]) * scale
-            color = RANK_COLORS[b["micro_batch"] % len(RANK_COLORS)]
+    t0 = min(iv.start for bars in passes for iv in bars)
+    scale, unit = _time_unit(max(iv.end for bars in passes for iv in bars) - t0)
+    for r, bars in enumerate(passes):
+        for iv in bars:
+            left, width = (iv.start - t0) * scale, (iv.end - iv.start) * scale
+            color = RANK_COLORS[iv.micro_batch % len(RANK_COLORS)]
             ax.barh(r, width, left=left, height=0.7, color=color, edgecolor="0.3")
-            ax.text(left + width / 2, r, str(b["micro_batch"]), ha="center", va="center", fontsize=8)
+            ax.text(left + width / 2, r, str(iv.micro_batch), ha="center", va="center", fontsize=8)
     ax.set_yticks(range(stages), [f"rank {r}" for r in range(stages)])
     ax.invert_yaxis()
     ax.set(xlabel=f"time since the first micro-batch started ({unit})", ylabel="pipeline stage")
     ax.grid(axis="y", visible=False)
-    measured, formula = measured_bubble(timelines), pipeline_bubble_formula(stages, micro_batches)
-    head = title or f"Pipeline of {stages} stages, {micro_batches} micro-batches (bars: micro-batch number)"
+    measured = measured_bubble(timelines, phase, step)["mean"]
+    formula = bubble_fraction(stages, micro_batches)
+    head = title or f"Pipeline of {stages} stages, {micro_batches} micro-batches, {phase} (bars: micro-batch)"
     line = f"bubble measured {measured:.0%}, formula (p-1)/(m+p-1) = {formula:.0%}"
     ax.set_title("\n".join(part for part in (head, line, hardware) if part), fontsize=10)
     fig.tight_layout()
@@ -199,11 +195,6 @@ def plot_ring_steps(world: int, title: str = ""):
 # Causal work per rank
 
 
-def imbalance(work: Sequence[float]) -> float:
-    """max / mean of the work per rank: 1 is perfectly balanced."""
-    return max(work) / (sum(work) / len(work))
-
-
 def plot_causal_work(work_by_layout: Mapping[str, Sequence[int]], unit: str = "query-key pairs", title: str = ""):
     """Bars of the causal attention work each rank does, side by side per layout (e.g. the
     sequence cut in contiguous chunks, where the last rank does most, against a zigzag that
@@ -237,7 +228,7 @@ def plot_tp_speedup(rows: Sequence[Mapping], title: str = ""):
     """Speedup against the number of GPUs, one line per (model, link) for the prediction, round
     markers for published figures where a row has them, and the dashed ideal (speedup = GPUs /
     the setup's fewest). Rows as ``parallel.predict.tp_speedup_rows`` makes them."""
-    _require(rows, ("model", "link", "gpus", "predicted_speedup"), "plot_tp_speedup")
+    require_keys(rows, ("model", "link", "gpus", "predicted_speedup"), "plot_tp_speedup")
     setups = list(dict.fromkeys((r["model"], r["link"]) for r in rows))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for k, (model, link) in enumerate(setups):
@@ -266,7 +257,7 @@ def plot_tp_speedup(rows: Sequence[Mapping], title: str = ""):
 def plot_comm_bytes(rows: Sequence[Mapping], hardware: str = "", title: str = ""):
     """Bytes counted by ``Comm`` beside the formula's, per kind of communication (log scale):
     equal bars say the model sends exactly what the arithmetic says."""
-    _require(rows, ("kind", "measured", "formula"), "plot_comm_bytes")
+    require_keys(rows, ("kind", "measured", "formula"), "plot_comm_bytes")
     for i, r in enumerate(rows):
         if not (r["measured"] > 0 and r["formula"] > 0):
             raise ValueError(f"plot_comm_bytes: row {i} needs measured and formula > 0 on a log axis")

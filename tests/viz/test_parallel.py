@@ -10,11 +10,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.patches import FancyArrowPatch  # noqa: E402
 
+from minillm.parallel.pipeline import Interval, bubble_fraction, measured_bubble  # noqa: E402
 from minillm.viz.parallel import (  # noqa: E402
     draw_parallelism_kinds,
     imbalance,
-    measured_bubble,
-    pipeline_bubble_formula,
     plot_causal_work,
     plot_comm_bytes,
     plot_pipeline_timeline,
@@ -51,13 +50,13 @@ def test_four_kinds_drawn():
     plt.close(fig)
 
 
-def gpipe(p: int, m: int, t: float = 0.01) -> list[list[dict]]:
-    return [[{"micro_batch": i, "start": (i + r) * t, "end": (i + r + 1) * t} for i in range(m)] for r in range(p)]
+def gpipe(p: int, m: int, t: float = 0.01) -> list[list[Interval]]:
+    return [[Interval("prefill", 0, i, (i + r) * t, (i + r + 1) * t) for i in range(m)] for r in range(p)]
 
 
 def test_pipeline_timeline_bars_and_bubble():
-    assert pipeline_bubble_formula(4, 6) == pytest.approx(3 / 9)
-    assert measured_bubble(gpipe(4, 6)) == pytest.approx(3 / 9)  # an ideal schedule meets the formula
+    assert bubble_fraction(4, 6) == pytest.approx(3 / 9)
+    assert measured_bubble(gpipe(4, 6))["mean"] == pytest.approx(3 / 9)  # an ideal schedule meets the formula
     fig = plot_pipeline_timeline(gpipe(4, 6), 4, 6, hardware="4 CPU processes")
     ax = fig.axes[0]
     assert len(ax.patches) == 24
@@ -67,8 +66,8 @@ def test_pipeline_timeline_bars_and_bubble():
     plt.close(fig)
     with pytest.raises(ValueError, match="3 ranks' timelines for 4 stages"):
         plot_pipeline_timeline(gpipe(3, 2), 4, 2)
-    with pytest.raises(ValueError, match="lacks end"):
-        plot_pipeline_timeline([[{"micro_batch": 0, "start": 0.0}]], 1, 1)
+    with pytest.raises(ValueError, match="no interval of decode step 1"):
+        plot_pipeline_timeline(gpipe(2, 2), 2, 2, phase="decode", step=1)
 
 
 def test_ring_steps_grid_and_causal_skips():
