@@ -1,6 +1,8 @@
 """The command line: ``python -m minillm COMMAND`` (or ``minillm COMMAND`` once installed).
 
     python -m minillm generate --prompt "def fibonacci(n):" --max-new-tokens 64
+    python -m minillm generate --prompt "def fibonacci(n):" --tensor-parallel 2   # 2 ranks, same text
+    torchrun --nproc-per-node 2 -m minillm generate --prompt "def fibonacci(n):" --tensor-parallel 2
     python -m minillm serve --model minillm-target --port 8000
     python -m minillm bench generate --json results/cpu/generate.json
     python -m minillm models
