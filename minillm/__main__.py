@@ -153,7 +153,10 @@ def generate_parallel(args: argparse.Namespace, sampling: SamplingParams) -> int
         if is_quantized_checkpoint(directory):
             raise CliError(f"{args.model} is a quantized checkpoint; {flag} is not supported on it")
         config, raw = read_config(directory)
-        check_tensor_parallel(config, tp) if tp is not None else check_pipeline(config, pp)
+        if tp is not None:
+            check_tensor_parallel(config, tp)
+        else:
+            check_pipeline(config, pp)
     if not (directory / "tokenizer.json").is_file():
         raise CliError(no_tokenizer(args.model))
     with bad_input():
@@ -431,10 +434,18 @@ def add_generate(commands) -> None:
     p.add_argument("--group-size", type=int, default=None, help="int4 weights per scale (default: 128)")
     add_threads_option(p)
     p.add_argument(
-        "--tensor-parallel", type=int, default=None, metavar="N", help="split every layer over N ranks (spawned)"
+        "--tensor-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tensor parallelism: every layer split over N ranks (spawned, or torchrun's)",
     )
     p.add_argument(
-        "--pipeline-parallel", type=int, default=None, metavar="N", help="split the layers into N stages (spawned)"
+        "--pipeline-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pipeline parallelism: the layers in N stages (spawned; greedy only)",
     )
     p.set_defaults(handler=cmd_generate)
 
