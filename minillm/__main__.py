@@ -1,6 +1,8 @@
 """The command line: ``python -m minillm COMMAND`` (or ``minillm COMMAND`` once installed).
 
     python -m minillm generate --prompt "def fibonacci(n):" --max-new-tokens 64
+    python -m minillm generate --prompt "def fibonacci(n):" --tensor-parallel 2   # 2 ranks, same text
+    torchrun --nproc-per-node 2 -m minillm generate --prompt "def fibonacci(n):" --tensor-parallel 2
     python -m minillm serve --model minillm-target --port 8000
     python -m minillm bench generate --json results/cpu/generate.json
     python -m minillm models
@@ -34,16 +36,30 @@ from .cli import (
 from .compression import SCHEMES, model_bytes, quantize
 from .compression.quant import quantized_layers
 from .compression.saving import is_quantized_checkpoint, load_quantized
-from .core.checkpoints import BUNDLED_DIR, bundled_models, load
+from .core.checkpoints import BUNDLED_DIR, bundled_models, load, read_config, resolve
 from .core.config import PRESETS, ModelConfig
-from .core.device import best_device, set_threads, threads_label
-from .core.generate import GenerationResult, check_max_new_tokens, generate
+from .core.device import best_device, set_threads
+from .core.generate import GenerationResult, check_max_new_tokens, check_request
 from .core.hf_config import config_from_hf
 from .core.model import Transformer
 from .core.sampling import SamplingParams
-from .core.tokenizer import StreamDecoder
+from .core.tokenizer import Tokenizer
 from .decoding.medusa_train import MedusaTrainConfig, train_medusa
 from .kv.gqa import Uptraining, uptrain_curves
+from .parallel.cli_ranks import (
+    GenerateRequest,
+    model_timing_line,
+    pipeline_result,
+    print_tokens,
+    rank_threads,
+    stream_generate,
+    tensor_parallel_generate,
+    until_eos,
+)
+from .parallel.cli_ranks import timing_line as parallel_timing_line
+from .parallel.launch import RankError, init_from_env, launch, under_torchrun
+from .parallel.pipeline import PipelineSpec, check_pipeline, pipeline_generate
+from .parallel.tensor import check_tensor_parallel
 from .training.corpus import DATA_DIR, build_corpus
 from .training.train import TOKENIZER_DIR, encode_split, train_bundled, train_tokenizer
 
@@ -62,34 +78,25 @@ def human_count(n: int) -> str:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     with bad_input():  # fail before loading
-        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         check_max_new_tokens(args.max_new_tokens)
+    if args.tensor_parallel is not None or args.pipeline_parallel is not None:
+        return generate_parallel(args, sampling)
     device = parse_device(args.device)
     with bad_input():
         model, tokenizer = load_for_generate(args, device)
     if tokenizer is None:
-        raise CliError(f"{args.model} has no tokenizer.json, so text cannot be encoded; pick a model that has one")
-    stream = StreamDecoder(tokenizer)
-
-    def print_piece(token: torch.Tensor) -> None:
-        if not stream.ids:  # the prompt went through: echo it before the first new text
-            print(args.prompt, end="")
-        print(stream.push(int(token[0])), end="", flush=True)
-
+        raise CliError(no_tokenizer(args.model))
     with bad_input():
-        result = generate(
-            model,
-            tokenizer.encode(args.prompt),
-            args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            seed=args.seed,
-            on_token=print_piece,
+        result = stream_generate(
+            model, tokenizer, args.prompt, tokenizer.encode(args.prompt), args.max_new_tokens, sampling
         )
-    print(stream.flush())
     print(timing_line(result, model))
     return 0
+
+
+def no_tokenizer(model: str) -> str:
+    return f"{model} has no tokenizer.json, so text cannot be encoded; pick a model that has one"
 
 
 def load_for_generate(args: argparse.Namespace, device: str | None) -> tuple[Transformer, object]:
@@ -116,13 +123,132 @@ def load_for_generate(args: argparse.Namespace, device: str | None) -> tuple[Tra
 
 def timing_line(result: GenerationResult, model: Transformer) -> str:
     """TTFT, TPOT and decode tokens/s of one generation, with what it ran on."""
-    n = result.lengths[0]
-    tpot = f"{1e3 * result.tpot:.1f} ms" if n > 1 else "n/a"
-    rate = f"{result.decode_tokens_per_s:.1f} tokens/s" if n > 1 else "n/a tokens/s"
-    where = f"{model.config.name}, {model.device.type}, {str(model.dtype).removeprefix('torch.')}"
-    if model.device.type == "cpu":
-        where += f", {threads_label(torch.get_num_threads())}"
-    return f"TTFT {1e3 * result.ttft:.1f} ms | TPOT {tpot} | {rate} (decode) | {n} new tokens ({where})"
+    return model_timing_line(result, model)
+
+
+# ---------------------------------------------------------------------------------------------
+# generate on N ranks
+
+RANK_TIMEOUT_S = 600.0  # bounds a parallel run, and every collective in it
+
+
+def generate_parallel(args: argparse.Namespace, sampling: SamplingParams) -> int:
+    """--tensor-parallel N or --pipeline-parallel N: every check before a process starts, then
+    the ranks, spawned here (or, under torchrun, this process is one of them)."""
+    tp, pp = args.tensor_parallel, args.pipeline_parallel
+    if tp is not None and pp is not None:
+        raise CliError("--tensor-parallel and --pipeline-parallel together are not supported; pick one")
+    flag, n = ("--tensor-parallel", tp) if tp is not None else ("--pipeline-parallel", pp)
+    if n < 1:
+        raise CliError(f"{flag} must be a positive number of ranks, got {n}")
+    for option, value in (("--quantize", args.quantize), ("--group-size", args.group_size)):
+        if value is not None:
+            raise CliError(f"{option} with {flag} is not supported; drop one of them")
+    if getattr(args, "compile", False):
+        raise CliError(f"--compile with {flag} is not supported; drop one of them")
+    if pp is not None and sampling.temperature > 0:
+        raise CliError("--pipeline-parallel generates greedily only: drop --temperature, or use --tensor-parallel")
+    with bad_input():
+        directory = resolve(args.model)
+        if is_quantized_checkpoint(directory):
+            raise CliError(f"{args.model} is a quantized checkpoint; {flag} is not supported on it")
+        config, raw = read_config(directory)
+        if tp is not None:
+            check_tensor_parallel(config, tp)
+        else:
+            check_pipeline(config, pp)
+    if not (directory / "tokenizer.json").is_file():
+        raise CliError(no_tokenizer(args.model))
+    with bad_input():
+        prompt_ids = Tokenizer.from_dir(directory).encode(args.prompt)
+        check_request([prompt_ids], args.max_new_tokens, config)
+    device = parallel_device(args.device, n)
+    dtype = args.dtype or ("float32" if device == "cpu" else checkpoint_dtype(raw))
+    request = GenerateRequest(
+        str(directory), args.prompt, tuple(prompt_ids), args.max_new_tokens, sampling, dtype, device
+    )
+    if under_torchrun():
+        return join_torchrun(request, flag, n)
+    threads = rank_threads(args.threads, n)
+    try:
+        if tp is not None:
+            launch(tensor_parallel_generate, tp, request, timeout=RANK_TIMEOUT_S, threads=threads, device=device)
+        else:
+            spec = PipelineSpec(request.model_dir, (request.prompt_ids,), request.max_new_tokens, 1, dtype, device)
+            stages = launch(pipeline_generate, pp, spec, timeout=RANK_TIMEOUT_S, threads=threads, device=device)
+            print_pipeline(request, stages[-1], config.name, threads)
+    except RankError as e:
+        print(f"minillm generate: error: {rank_failure(e)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_pipeline(request: GenerateRequest, last, name: str, threads: int) -> None:
+    """The last stage's tokens as the single process prints them (cut after the first EOS), then
+    the timing line."""
+    tokens = until_eos(last.tokens[0], request.model_dir)
+    print_tokens(Tokenizer.from_dir(request.model_dir), request.prompt, tokens)
+    result = pipeline_result(last, tokens, len(request.prompt_ids))
+    device = torch.device(request.device)
+    parallel = f"pipeline-parallel {last.rank + 1} stages"  # the last stage is rank p - 1
+    print(parallel_timing_line(result, name, device, DTYPES[request.dtype], threads, parallel), flush=True)
+
+
+def join_torchrun(request: GenerateRequest, flag: str, n: int) -> int:
+    """Under torchrun: join the group from the environment and run this rank. With tensor
+    parallelism rank 0 prints; with pipeline parallelism the last stage (which has the tokens)."""
+    world = int(os.environ["WORLD_SIZE"])
+    if world != n:
+        raise CliError(f"torchrun started {world} processes but {flag} is {n}; they must be equal")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank on this machine, as launch assumes
+    rank, world = init_from_env(request.device, timeout=RANK_TIMEOUT_S)
+    try:
+        if flag == "--tensor-parallel":
+            tensor_parallel_generate(rank, world, request)
+        else:
+            last = pipeline_generate(
+                rank,
+                world,
+                PipelineSpec(
+                    request.model_dir, (request.prompt_ids,), request.max_new_tokens, 1, request.dtype, request.device
+                ),
+            )
+            if last.tokens is not None:
+                config, _ = read_config(Path(request.model_dir))
+                print_pipeline(request, last, config.name, torch.get_num_threads())
+    except Exception as e:  # torchrun stops the other ranks
+        message = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"minillm generate: error: rank {rank} of {world} failed: {message}", file=sys.stderr)
+        return 1
+    finally:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def parallel_device(name: str | None, ranks: int) -> str:
+    """cpu, or cuda with one GPU per rank (the default when this machine has enough of them)."""
+    if name is None:
+        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= ranks else "cpu"
+    kind = torch.device(parse_device(name)).type
+    if kind == "cuda" and torch.cuda.device_count() < ranks:
+        raise CliError(f"{ranks} ranks need {ranks} GPUs, one each; this machine has {torch.cuda.device_count()}")
+    if kind not in ("cpu", "cuda"):
+        raise CliError(f"ranks run on cpu or cuda, not {name}")
+    return kind
+
+
+def checkpoint_dtype(raw: dict) -> str:
+    name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    return name if name in DTYPES else "float32"
+
+
+def rank_failure(error: RankError) -> str:
+    """RankError's message on one line: which rank failed, and its traceback's last line (the cause)."""
+    head, _, traceback = str(error).partition("\n")
+    if not traceback.strip():
+        return " ".join(head.split())
+    cause = traceback.split("\nthen: ")[0].strip().splitlines()[-1]
+    return f"{head} {' '.join(cause.split())}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,6 +433,20 @@ def add_generate(commands) -> None:
     )
     p.add_argument("--group-size", type=int, default=None, help="int4 weights per scale (default: 128)")
     add_threads_option(p)
+    p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tensor parallelism: every layer split over N ranks (spawned, or torchrun's)",
+    )
+    p.add_argument(
+        "--pipeline-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pipeline parallelism: the layers in N stages (spawned; greedy only)",
+    )
     p.set_defaults(handler=cmd_generate)
 
 
