@@ -114,8 +114,8 @@ class ParallelBench:
 
     @classmethod
     def quick(cls, **changes) -> ParallelBench:
-        """A run of seconds for tests: every part, few steps, one round."""
-        small = dict(decode_tokens=4, repeats=1, replica_requests=4, replica_prompt_len=16, replica_output=4)
+        """A run of seconds for tests: every part, few steps, one round, no warm-up round."""
+        small = dict(decode_tokens=4, repeats=1, warmup=0, replica_requests=4, replica_prompt_len=16, replica_output=4)
         return cls(**{**small, **changes})
 
     def check(self) -> ModelConfig:
@@ -256,8 +256,9 @@ def tensor_parallel_row(
     }
 
 
-def _sent(results: Sequence[StageResult]) -> int:
-    return sum(r.counts.get("send", {}).get("bytes", 0) for r in results)
+def _sent(results: Sequence[StageResult], what: str = "bytes") -> int:
+    """Sends of all stages together: their bytes or their number (``what="calls"``)."""
+    return sum(r.counts.get("send", {}).get(what, 0) for r in results)
 
 
 def pipeline_row(
@@ -276,7 +277,8 @@ def pipeline_row(
     whole = pipeline_bytes(config, 1, prompt_len, n + 1, 1, ranks)
     prefill_only = pipeline_bytes(config, 1, prompt_len, 1, 1, ranks)
     counted_whole = _sent(rounds[-1])
-    counted_prefill = _sent([r["prefill_only"] for r in per_rank])
+    prefill_runs = [r["prefill_only"] for r in per_rank]
+    counted_prefill = _sent(prefill_runs)
     bubble = measured_bubble([s.timeline for s in rounds[-1]])
     return {
         "ranks": ranks,
@@ -284,7 +286,7 @@ def pipeline_row(
         "prefill_ms": _median_ms(prefill),
         "decode_ms": _median_ms(cycles),
         "tokens_equal": rounds[-1][-1].tokens == [reference],
-        "messages_per_token": sum(r.counts.get("send", {}).get("calls", 0) for r in rounds[-1]) / (n + 1),
+        "messages_per_token": (_sent(rounds[-1], "calls") - _sent(prefill_runs, "calls")) / n,
         "bytes_per_token": (counted_whole - counted_prefill) / n,  # sent by all stages together
         "formula_bytes_per_token": (whole["total"] - prefill_only["total"]) / n,
         "bytes_equal": counted_whole == whole["total"] and counted_prefill == prefill_only["total"],
@@ -447,7 +449,7 @@ def format_replicas(rows: Sequence[Mapping]) -> str:
         "replicas": "replicas",
         "requests_per_s": "requests/s",
         "output_tokens_per_s": "tokens/s",
-        "throughput_vs_first": "x",
+        "throughput_vs_first": "x first",
         "tpot_p50_ms": "TPOT p50 ms",
         "ttft_p50_ms": "TTFT p50 ms",
         "tokens_equal": "tokens = 1 engine",
@@ -469,8 +471,10 @@ def format_parallel(figures: Mapping) -> str:
         format_replicas(figures["replicas"]),
         "\n".join(
             wrap_line(
-                "Replicas raise throughput (more requests served at once); they do not make one "
-                "request faster (its TPOT is one replica's). Tensor parallelism is what lowers TPOT."
+                "Replicas raise throughput (requests are served side by side); no request runs faster "
+                "than one replica serving it alone: where TPOT falls with more replicas, it is because "
+                "each replica batches fewer requests. Tensor parallelism is what makes one request's "
+                "tokens come faster."
             )
         ),
     ]

@@ -59,6 +59,7 @@ def test_pipeline_bytes_are_the_formula(run):
         expected = (p - 1) * DIM * 4 + 8  # one activation per boundary, the token back
         assert r["bytes_per_token"] == r["formula_bytes_per_token"] == expected
         assert r["total_bytes"] == r["total_formula_bytes"]
+        assert r["messages_per_token"] == p  # p - 1 activations forward, one token back
         assert r["bubble_formula"] == pytest.approx((p - 1) / p)
         assert 0 <= r["bubble_measured"] < 1
 
