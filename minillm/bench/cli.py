@@ -14,6 +14,7 @@ from ..cli import DEFAULT_MODEL, DTYPES, CliError, add_threads_option, bad_input
 from ..core.checkpoints import load
 from ..core.device import best_device, threads_label
 from ..measure.metrics import SLO
+from ..parallel.launch import RankError
 from ..serving.disagg import WorkerError
 from . import generation as bench
 from . import report
@@ -22,6 +23,7 @@ from .compression import TECHNIQUE_NAMES, CompressionBench, bench_compression, f
 from .decoding import DecodingBench, bench_decoding, format_decoding
 from .disagg import DisaggBench, SimulatedSweep, bench_disagg, format_disagg
 from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
+from .parallel import ParallelBench, bench_parallel, format_parallel
 from .serve import ServeBench, bench_serve, format_serve
 
 
@@ -207,6 +209,7 @@ def add_bench(commands) -> None:
     add_bench_disagg(kinds)
     add_bench_serve(kinds)
     add_bench_compression(kinds)
+    add_bench_parallel(kinds)
     for benchmark in kinds.choices.values():  # every benchmark honours --threads (and MINILLM_THREADS)
         add_threads_option(benchmark)
 
@@ -353,3 +356,41 @@ def add_bench_serve(kinds) -> None:
         "--no-save", action="store_true", help="do not save them to minillm/results/<hardware>/bench_serve.json"
     )
     p.set_defaults(handler=cmd_bench_serve)
+
+
+def cmd_bench_parallel(args: argparse.Namespace) -> int:
+    with bad_input():
+        changes = {"model": args.model, "ranks": tuple(args.ranks), "replicas": tuple(args.replicas)}
+        for name in ("prompt_len", "decode_tokens", "repeats"):
+            if getattr(args, name) is not None:
+                changes[name] = getattr(args, name)
+        options = ParallelBench.quick(**changes) if args.quick else ParallelBench(**changes)
+        options.check()  # a bad split or model fails here, before any process starts
+    print(
+        f"tensor and pipeline parallel {args.model} on {list(options.ranks)} ranks (1 thread each), "
+        f"then {list(options.replicas)} replicas" + (" (quick: not saved)" if args.quick else "") + "...",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        figures = bench_parallel(options)
+    except (RankError, WorkerError, ValueError) as e:
+        raise CliError(f"bench parallel: {e}") from None
+    args.no_save = args.no_save or args.quick  # a quick run's figures are a test, not a result
+    return report_figures(args, "bench_parallel", figures, format_parallel(figures))
+
+
+def add_bench_parallel(kinds) -> None:
+    p = kinds.add_parser("parallel", help="tensor, pipeline and data parallelism: times, tokens, bytes vs formulas")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"the model every rank shards (default: {DEFAULT_MODEL})")
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="rank counts (default: 1 2 4)")
+    p.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="replica counts (default: 1 2)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens of the prefill (default: 128)")
+    p.add_argument("--decode-tokens", type=int, default=None, help="timed decode steps per round (default: 32)")
+    p.add_argument("--repeats", type=int, default=None, help="timed rounds after a warm-up (default: 5)")
+    p.add_argument("--quick", action="store_true", help="a run of seconds (few steps, one round; never saved)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument(
+        "--no-save", action="store_true", help="do not save them to minillm/results/<hardware>/bench_parallel.json"
+    )
+    p.set_defaults(handler=cmd_bench_parallel)

@@ -11,15 +11,19 @@
   ``torch.compile(mode="reduce-overhead")`` (CUDA graphs);
 - the same model's decode quantized weight-only to int8, int4 and fp8 vs bf16, each linear
   through the kernel ``minillm.compression.cuda_kernels`` picks; those kernels one by one; and a
-  2:4 semi-structured sparse matmul (``minillm.bench.gpu_compression``).
+  2:4 semi-structured sparse matmul (``minillm.bench.gpu_compression``);
+- chapter 14's serving step costs (``minillm.bench.gpu_disagg``);
+- the decode step of one tensor-parallel rank's shard of Llama-2-7B for tp = 1, 2, 4, 8 (the
+  compute part of TP, measured), plus the predicted all-reduces over NVLink: a predicted
+  multi-GPU speedup beside gpt-fast's published one (``minillm.bench.gpu_parallel``).
 
 Every section runs under its own time limit and inside try/except: a failure is recorded in the
 JSON and the next section runs. The JSON is rewritten after each section, so a run cut short
 keeps what it measured. Without CUDA the script says so and exits 0, writing nothing.
 
 The three kernel sections live in ``minillm.bench.gpu_kernels``, the compression section in
-``minillm.bench.gpu_compression``, the disaggregation section in ``minillm.bench.gpu_disagg``;
-this module holds the decode section (through
+``minillm.bench.gpu_compression``, the disaggregation section in ``minillm.bench.gpu_disagg``,
+the tensor-parallel section in ``minillm.bench.gpu_parallel``; this module holds the decode section (through
 ``minillm.kv.static.StaticDecodeCache``) and the runner.
 """
 
@@ -43,17 +47,19 @@ from ..measure.roofline import DATASHEETS
 from .gpu_compression import compression_speed
 from .gpu_disagg import disagg_steps
 from .gpu_kernels import GOALS, SectionTimeout, attention_speed, check_correctness, paged_bandwidth
+from .gpu_parallel import tp_shard_decode
 from .report import gpu_slug, result_path
 from .roofline import measure_bandwidth
 from .timing import timed
 
-SECTION_LIMITS_S = {  # 475 s in all: under 8 minutes
+SECTION_LIMITS_S = {  # 479 s in all: under 8 minutes
     "correctness": 60,
-    "attention_speed": 95,
+    "attention_speed": 90,
     "paged_bandwidth": 35,
-    "decode": 150,
-    "compression": 105,
+    "decode": 142,
+    "compression": 97,
     "disagg": 30,
+    "parallel": 25,
 }
 
 
@@ -221,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode": lambda deadline, out: decode_speed(deadline, out, gpu_name),
         "compression": compression_speed,
         "disagg": disagg_steps,
+        "parallel": tp_shard_decode,
     }
     for name, fn in sections.items():
         run_section(report, name, fn, out_path)
