@@ -15,7 +15,8 @@ The folders are the architecture, in layers; a layer imports only those below it
     decoding/     speculative, prompt lookup, lookahead, Medusa (core, kv, training, measure).
     serving/      workload, scheduler, engine, async engine and HTTP server (core, kv, measure).
     compression/  quantization, pruning, distillation (chapter 12; core, kv, training, measure).
-    parallel/     tensor, pipeline, context parallelism, replicas (chapter 15).
+    parallel/     tensor, pipeline, context parallelism, replicas over torch.distributed
+                  (chapter 15; core, kv, measure, serving).
     viz/          every plot; the only importer of matplotlib; consumes what the layers above
                   return and never imports bench.
     bench/        the one timing harness, provenance and results store, one module per
