@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..core.processes import reap
+
 
 class RankError(RuntimeError):
     """A rank raised, died, or ran past the timeout; the message names which and why."""
@@ -113,7 +115,7 @@ def launch(
                 procs.append(proc)
             return _collect(procs, results, world_size, timeout)
         finally:
-            _stop(procs)
+            reap(procs, 5.0)
             results.cancel_join_thread()
 
 
@@ -174,20 +176,6 @@ def _failure_message(errors: dict, world_size: int) -> str:
         last = {r: errors[r].strip().splitlines()[-1] for r in others}
         message += "\nthen: " + "; ".join(f"rank {r}: {line}" for r, line in last.items())
     return message
-
-
-def _stop(procs) -> None:
-    """Join what finished; terminate, then kill, whatever is left (bounded)."""
-    deadline = time.monotonic() + 5.0
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(2.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(2.0)
 
 
 def under_torchrun() -> bool:

@@ -47,6 +47,7 @@ import torch
 
 from ..core.checkpoints import read_config, resolve
 from ..core.config import ModelConfig
+from ..core.processes import reap
 from ..measure.metrics import RequestMetrics
 from .engine import Engine, EngineConfig, RequestOutput, SimulatedModel
 from .handoff import DecodeEngine, Handoff, PrefillEngine
@@ -531,16 +532,7 @@ def _stop_processes(procs, inboxes, timeout: float) -> None:
         if proc.is_alive():
             with contextlib.suppress(Exception):
                 inbox.put(("stop",))
-    deadline = time.monotonic() + min(timeout, 10.0)
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(2.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(2.0)
+    reap(procs, min(timeout, 10.0))
     for inbox in inboxes:
         inbox.cancel_join_thread()
 

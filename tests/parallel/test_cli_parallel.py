@@ -17,10 +17,11 @@ import pytest
 
 import minillm
 from minillm import __main__ as cli
-from minillm.__main__ import main, rank_failure
+from minillm.__main__ import rank_failure
 from minillm.parallel.cli_ranks import until_eos
 from minillm.parallel.launch import RankError
 from tests.conftest import tiny_model
+from tests.test_cli import run_main
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -65,15 +66,6 @@ def runs() -> dict[str, tuple[int, str, str]]:
                 proc.kill()
                 proc.wait(10)
     return out
-
-
-def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        status = main(argv)
-    except SystemExit as e:
-        status = e.code
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def split(stdout: str) -> tuple[str, list[str]]:
