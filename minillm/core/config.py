@@ -24,6 +24,12 @@ def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def check_positive_int(name: str, value: object) -> None:
+    """ValueError naming ``name`` unless ``value`` is a positive int (not a bool)."""
+    if not is_int(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def _got(value: object) -> str:
     return f"{value!r} ({type(value).__name__})"
 

@@ -21,15 +21,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..core.config import ModelConfig, check_field_types, is_int, is_number
+from ..core.config import ModelConfig, check_field_types, check_positive_int, is_number
 from .roofline import layer_costs, matmul_cost
 
 ROUGH_LATENCY_S = 5e-6  # a few microseconds to start and finish one DMA/RDMA transfer (rough)
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if not is_int(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -72,8 +67,8 @@ def kv_bytes(config: ModelConfig, tokens: int, dtype_bytes: int = 2) -> int:
     dtype_bytes. The same arithmetic as ``kv.memory.kv_cache_bytes`` and
     ``serving.handoff.kv_handoff_bytes``, which ``measure`` may not import (a test holds the three
     equal)."""
-    _check_positive_int("tokens", tokens)
-    _check_positive_int("dtype_bytes", dtype_bytes)
+    check_positive_int("tokens", tokens)
+    check_positive_int("dtype_bytes", dtype_bytes)
     return 2 * config.n_layers * config.n_kv_heads * config.head_dim * tokens * dtype_bytes
 
 
@@ -82,7 +77,7 @@ def prefill_flops(config: ModelConfig, tokens: int) -> float:
     (2 FLOPs per non-embedding weight per token) and attention (2 x 2 x tokens^2 x n_heads x
     head_dim per layer), halved because a causal mask skips the upper triangle; plus the LM head
     on the last position only (the first token). Sliding windows are not modelled."""
-    _check_positive_int("tokens", tokens)
+    check_positive_int("tokens", tokens)
     if tokens > config.max_seq_len:
         raise ValueError(f"tokens ({tokens}) exceed the model's context, max_seq_len {config.max_seq_len}")
     layer = layer_costs(config, batch=1, new_tokens=tokens, context=tokens)

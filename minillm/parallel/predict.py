@@ -40,7 +40,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..core.config import ModelConfig, is_int, is_number, preset
+from ..core.config import ModelConfig, check_positive_int, is_number, preset
 from ..measure.links import LINKS, Link
 from ..measure.roofline import DATASHEETS, Accelerator
 from .comm import wire_bytes
@@ -90,11 +90,6 @@ def published_speedups(model: str) -> dict[int, float]:
     return {n: t / base for n, t in tps.items()}
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if not is_int(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 # ---------------------------------------------------------------------------------------------
 # Bytes
 
@@ -117,11 +112,11 @@ def tp_decode_bytes(
     vocabulary-parallel head, the all-gather of head_tokens x vocab x dtype_bytes logits
     (``head_tokens`` defaults to ``tokens``; one per sequence when only the last position is
     scored). 0 on one rank."""
-    _check_positive_int("tokens", tokens)
-    _check_positive_int("dtype_bytes", dtype_bytes)
+    check_positive_int("tokens", tokens)
+    check_positive_int("dtype_bytes", dtype_bytes)
     check_tensor_parallel(config, tp, vocab_parallel)
     if head_tokens is not None:
-        _check_positive_int("head_tokens", head_tokens)
+        check_positive_int("head_tokens", head_tokens)
     if tp == 1:
         return 0
     total = tp_all_reduces_per_forward(config) * tokens * config.dim * dtype_bytes
@@ -183,7 +178,7 @@ class PredictOptions:
             value = getattr(self, name)
             if not is_number(value) or not 0 <= value < math.inf:
                 raise ValueError(f"PredictOptions.{name} must be a non-negative number of seconds, got {value!r}")
-        _check_positive_int("PredictOptions.context", self.context)
+        check_positive_int("PredictOptions.context", self.context)
         if not isinstance(self.vocab_parallel, bool):
             raise ValueError(f"PredictOptions.vocab_parallel must be true or false, got {self.vocab_parallel!r}")
 
@@ -247,8 +242,8 @@ def predict_tp_decode(
     """The predicted time of one decode step (one new token for each of ``batch`` sequences) on
     ``tp`` GPUs joined by ``link``, split into memory, FLOPs, overhead and communication, and
     its speedup over the same model on one GPU (memory permitting or not)."""
-    _check_positive_int("batch", batch)
-    _check_positive_int("dtype_bytes", dtype_bytes)
+    check_positive_int("batch", batch)
+    check_positive_int("dtype_bytes", dtype_bytes)
     check_tensor_parallel(config, tp, options.vocab_parallel)
     memory_s, flops_s, overhead_s, comm_s, total, weights, payload = _step(
         config, accelerator, link, tp, batch, dtype_bytes, options
