@@ -82,16 +82,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_max_new_tokens(args.max_new_tokens)
     if args.tensor_parallel is not None or args.pipeline_parallel is not None:
         return generate_parallel(args, sampling)
+    if args.compile and args.quantize is not None:
+        raise CliError("--compile with --quantize is not supported; drop one of them")
     device = parse_device(args.device)
     with bad_input():
         model, tokenizer = load_for_generate(args, device)
     if tokenizer is None:
         raise CliError(no_tokenizer(args.model))
+    if args.compile:
+        print("compiling the decode step (once per model and cache size) ...", file=sys.stderr, flush=True)
     with bad_input():
         result = stream_generate(
-            model, tokenizer, args.prompt, tokenizer.encode(args.prompt), args.max_new_tokens, sampling
+            model,
+            tokenizer,
+            args.prompt,
+            tokenizer.encode(args.prompt),
+            args.max_new_tokens,
+            sampling,
+            compile=args.compile,
         )
-    print(timing_line(result, model))
+    if args.compile:
+        print(f"compile time: {result.compile_time:.1f} s, not counted in the timings", file=sys.stderr)
+    line = timing_line(result, model)
+    print(line[:-1] + ", compiled)" if args.compile else line)
     return 0
 
 
@@ -144,7 +157,7 @@ def generate_parallel(args: argparse.Namespace, sampling: SamplingParams) -> int
     for option, value in (("--quantize", args.quantize), ("--group-size", args.group_size)):
         if value is not None:
             raise CliError(f"{option} with {flag} is not supported; drop one of them")
-    if getattr(args, "compile", False):
+    if args.compile:
         raise CliError(f"--compile with {flag} is not supported; drop one of them")
     if pp is not None and sampling.temperature > 0:
         raise CliError("--pipeline-parallel generates greedily only: drop --temperature, or use --tensor-parallel")
@@ -432,6 +445,12 @@ def add_generate(commands) -> None:
         help="weight-only quantization (round to nearest) before generating; on a CPU in bf16 by default",
     )
     p.add_argument("--group-size", type=int, default=None, help="int4 weights per scale (default: 128)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode through torch.compile over a static KV cache (CUDA graphs on CUDA); "
+        "compiling takes seconds, reported apart",
+    )
     add_threads_option(p)
     p.add_argument(
         "--tensor-parallel",

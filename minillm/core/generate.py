@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .cache import Cache, KVCache
+from .compiled import compiled_forward_for
 from .device import synchronize
 from .model import Transformer
 from .prompts import check_vocabulary, token_id_tuple, token_rows
@@ -35,6 +36,7 @@ class GenerationResult:
     ttft: float  # seconds from the call to the first new token (prefill + first sample)
     token_times: list[float] = field(default_factory=list)  # seconds of each later decode step
     total_time: float = 0.0
+    compile_time: float = 0.0  # seconds spent compiling before the timer started (``compile=True``)
 
     @property
     def tpot(self) -> float:
@@ -123,6 +125,7 @@ def generate(
     use_cache: bool = True,
     on_token: Callable[[Tensor], None] | None = None,
     cache: Cache | None = None,
+    compile: bool = False,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after each prompt.
 
@@ -155,13 +158,25 @@ def generate(
                 f"cache must be empty and built for batch size {B}; it holds {cache.length} "
                 f"tokens for batch size {cache.batch_size}"
             )
-    elif use_cache:
+    elif use_cache and not compile:
         cache = KVCache.for_model(model, B, P + max_new_tokens)
+    if compile and not use_cache:
+        raise ValueError("compile=True decodes over a static KV cache; it cannot run with use_cache=False")
+    if compile and cache is not None:
+        raise ValueError("compile=True brings its own static cache; drop the cache argument")
+    compiled = compiled_forward_for(model, B, P + max_new_tokens) if compile else None
+    compile_time = 0.0
+    if compiled is not None:
+        before = sum(compiled.compile_seconds.values())
+        compiled.warmup(1)  # one graph for every decode step, compiled before the timer starts
+        compile_time = sum(compiled.compile_seconds.values()) - before
     token_times: list[float] = []
 
     synchronize(device)
     t_start = t_prev = time.perf_counter()
-    if cache is not None:
+    if compiled is not None:  # the prompt runs eagerly over the static cache, the steps compiled
+        logits = compiled(ids, positions if padded else None, last_only=True)[:, -1]
+    elif cache is not None:
         logits = prefill(model, ids, positions if padded else None, cache)
     else:
         logits = recompute_step(model, ids, positions)
@@ -184,7 +199,9 @@ def generate(
             break
         next_pos = positions[:, -1:] + 1  # (B, 1): each row continues from its own length
         positions = torch.cat([positions, next_pos], dim=1)
-        if cache is not None:
+        if compiled is not None:
+            logits = compiled(token[:, None], next_pos if padded else None)[:, -1]
+        elif cache is not None:
             logits = decode_one_token(model, token, next_pos if padded else None, cache)
         else:
             ids = torch.cat([ids, token[:, None]], dim=1)
@@ -197,4 +214,5 @@ def generate(
         ttft=ttft,
         token_times=token_times,
         total_time=t_prev - t_start,
+        compile_time=compile_time,
     )

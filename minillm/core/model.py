@@ -203,8 +203,8 @@ class Transformer(nn.Module):
         ``tree_mask`` bool (T, T) or (B, T, T) further restricts which of the new tokens each
         new token sees (row i: may token i see token j), for verifying several candidate
         continuations in one pass (tree attention). It needs a cache that returns the new
-        keys last (``in_order``), or no cache. ``return_hidden`` also returns the final normed
-        hidden states (B, T, D) that the LM head reads (extra heads such as Medusa's read them too).
+        keys last (``in_order``), a static cache (``core.compiled``) or no cache.
+        ``return_hidden`` also returns the final normed hidden states (B, T, D) that the LM head reads (extra heads such as Medusa's read them too).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
@@ -226,12 +226,15 @@ class Transformer(nn.Module):
         else:
             mask = attention_mask(positions, k_pos, window)
         if tree_mask is not None:
-            if not in_order:
-                raise ValueError("tree_mask needs a cache that returns the new keys last (in_order)")
             if tree_mask.shape[-2:] != (T, T):
                 raise ValueError(f"tree_mask must be ({T}, {T}) for {T} new tokens, got {tuple(tree_mask.shape)}")
-            mask = mask.clone()
-            mask[..., -T:] &= tree_mask.to(mask.device).view(-1, 1, T, T)
+            if in_order:  # the new keys are the last T
+                mask = mask.clone()
+                mask[..., -T:] &= tree_mask.to(mask.device).view(-1, 1, T, T)
+            elif hasattr(cache, "place_new"):  # a static cache knows which slots the new keys took
+                mask = mask & cache.place_new(tree_mask)
+            else:
+                raise ValueError("tree_mask needs a cache that returns the new keys last (in_order)")
 
         x = self.embed_tokens(input_ids)  # (B, T, D)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)

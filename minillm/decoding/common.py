@@ -94,7 +94,9 @@ def mean_acceptance(stats: DecodingStats) -> float:
 class DecodingResult:
     tokens: Tensor  # (1, N) the new token ids, EOS included if one was made
     stats: DecodingStats
-    seconds: float  # wall time of the whole call, prefill included
+    seconds: float  # wall time of the whole call, prefill included (compiling not)
+    compile_time: float = 0.0  # seconds compiling before the timer started (``compile=True``)
+    forward_seconds: float = float("nan")  # of ``seconds``, the time inside model forwards
 
     @property
     def tokens_per_s(self) -> float:
@@ -126,6 +128,25 @@ def single_prompt(input_ids) -> list[int]:
     if len(rows) != 1:
         raise ValueError(f"these decoders take batch size 1, got {len(rows)} prompts")
     return rows[0]
+
+
+def warm_up(forwards: list, widths: list[int], drafter=None, tree_mask=None) -> float:
+    """Compile what will be compiled before a timer starts; -> the seconds it took."""
+    spent = lambda: sum(sum(f.compile_seconds.values()) for f in forwards if f is not None)  # noqa: E731
+    before = spent()
+    for width in widths:
+        forwards[0].warmup(width, tree_mask)
+    if drafter is not None and hasattr(drafter, "warmup"):
+        drafter.warmup()
+    for f in forwards:
+        if f is not None:
+            f.forward_seconds = 0.0
+    return spent() - before
+
+
+def forward_seconds(forwards: list) -> float:
+    """Seconds spent inside the forwards of ``forwards`` since ``warm_up``."""
+    return sum(f.forward_seconds for f in forwards if f is not None)
 
 
 def stop_at_eos(tokens: list[int], eos: set[int]) -> list[int]:

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..core.cache import KVCache
+from ..core.compiled import CachedForward, CompiledForward, cached_forward
 from ..core.device import synchronize
 from ..core.generate import check_request, resolve_eos
 from ..core.model import Transformer
-from .common import DecodingResult, DecodingStats, single_prompt, stop_at_eos
+from .common import DecodingResult, DecodingStats, single_prompt, stop_at_eos, warm_up
 
 
 @dataclass(frozen=True)
@@ -107,10 +107,20 @@ def lookahead_layout(window: int, levels: int, n_candidates: int) -> tuple[Tenso
 
 
 class LookaheadDecoder:
-    """The window, the pool and one step: forward, verify, update the window, collect n-grams."""
+    """The window, the pool and one step: forward, verify, update the window, collect n-grams.
 
-    def __init__(self, model: Transformer, config: LookaheadConfig, prompt: list[int], cache: KVCache):
-        self.model, self.config, self.cache = model, config, cache
+    ``pad`` feeds G candidates every step (the missing ones made of the root, never accepted), so
+    that every forward has one width: what a compiled forward wants."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        config: LookaheadConfig,
+        prompt: list[int],
+        fwd: CachedForward | CompiledForward,
+        pad: bool = False,
+    ):
+        self.model, self.config, self.fwd, self.pad = model, config, fwd, pad
         gen = torch.Generator().manual_seed(config.seed)
         picks = torch.randint(0, len(prompt), (config.levels, config.window), generator=gen)
         self.window = torch.tensor(prompt)[picks]  # (N-1, W) guesses, level 0 the oldest
@@ -127,22 +137,36 @@ class LookaheadDecoder:
     def step(self, root: int) -> tuple[list[int], int, int]:
         """One forward after ``root`` -> (accepted candidate tokens, the next token, tokens proposed)."""
         candidates = self.pool.candidates(root)
-        offsets, mask = self.layout(len(candidates))
-        cand = torch.tensor(candidates, dtype=torch.long).view(-1)  # (G * (N-1),)
+        missing = self.config.max_candidates - len(candidates) if self.pad else 0
+        fed = candidates + [(root,) * self.config.levels] * missing  # the padding is never verified
+        offsets, mask = self.layout(len(fed))
+        cand = torch.tensor(fed, dtype=torch.long).view(-1)  # (G * (N-1),)
         tokens = torch.cat([torch.tensor([root]), self.window.view(-1), cand]).to(self.model.device)
-        start = self.cache.length
-        best = self.model(tokens[None], (start + offsets)[None], self.cache, tree_mask=mask)[0].argmax(-1)  # (T,)
+        start = self.fwd.length
+        best = self.fwd(tokens[None], (start + offsets)[None], tree_mask=mask)[0].argmax(-1)  # (T,)
         n_acc, c_best = self.verify(candidates, best)
         self.update_window(best)
         base = 1 + self.config.levels * self.config.window + c_best * self.config.levels
         keep = [start] + [start + base + m for m in range(n_acc)]
-        self.cache.keep_slots(start, keep)
+        self.fwd.keep_slots(start, keep)
         accepted = list(candidates[c_best][:n_acc]) if n_acc else []
         last = base + n_acc - 1 if n_acc else 0
         return accepted, int(best[last]), len(candidates[c_best]) if candidates else 0
 
     def verify(self, candidates: list[tuple[int, ...]], best: Tensor) -> tuple[int, int]:
-        """(tokens accepted, which candidate): the longest prefix that matches the argmaxes."""
+        """(tokens accepted, which candidate): the longest prefix that matches the argmaxes, every
+        candidate at once (``verify_reference`` is the same, one candidate at a time)."""
+        if not candidates:
+            return 0, 0
+        L, base, G = self.config.levels, 1 + self.config.levels * self.config.window, len(candidates)
+        cand = torch.tensor(candidates, dtype=torch.long, device=best.device)  # (G, L)
+        expected = torch.cat([best[:1].expand(G, 1), best[base : base + G * L].view(G, L)[:, : L - 1]], dim=1)
+        matched = (cand == expected).long().cumprod(1).sum(1)  # (G,) leading matches of each
+        c_best = int(matched.argmax())  # the first of the longest, as the reference picks
+        return int(matched[c_best]), c_best
+
+    def verify_reference(self, candidates: list[tuple[int, ...]], best: Tensor) -> tuple[int, int]:
+        """``verify`` written out: each candidate against the argmaxes it conditioned on."""
         L, base = self.config.levels, 1 + self.config.levels * self.config.window
         n_best, c_best = 0, 0
         for c, cand in enumerate(candidates):
@@ -198,10 +222,12 @@ def lookahead_generate(
     config: LookaheadConfig = LookaheadConfig(),
     eos_token_id="config",
     trace: LookaheadTrace | None = None,
+    compile: bool = False,
 ) -> DecodingResult:
     """Greedy lookahead decoding: the same tokens as greedy ``generate``, in fewer forwards when
     the pool's n-grams are right. ``stats.k`` is N-1: the longest candidate. A ``trace`` records
-    every step (and keeps the pool) to look at afterwards."""
+    every step (and keeps the pool) to look at afterwards. ``compile=True`` runs every step
+    through one compiled graph (G candidates always fed), compiled before the timer starts."""
     prompt = single_prompt(input_ids)
     check_request([prompt], max_new_tokens, model.config)
     if len(prompt) + max_new_tokens + config.tokens_per_forward() > model.config.max_seq_len:
@@ -212,12 +238,14 @@ def lookahead_generate(
         )
     eos = set(resolve_eos(eos_token_id, model.config))
     stats = DecodingStats(config.levels)
+    width = config.tokens_per_forward()
+    fwd = cached_forward(model, 1, len(prompt) + max_new_tokens + width, compile, widths=(width,))
+    decoder = LookaheadDecoder(model, config, prompt, fwd, pad=compile)
+    compile_time = warm_up([fwd], [width], tree_mask=decoder.layout(config.max_candidates)[1])
     synchronize(model.device)
     t0 = time.perf_counter()
-    cache = KVCache.for_model(model, 1, len(prompt) + max_new_tokens + config.tokens_per_forward())
-    decoder = LookaheadDecoder(model, config, prompt, cache)
     if len(prompt) > 1:  # prefill all but the last prompt token, the first root
-        model(torch.tensor([prompt[:-1]], device=model.device), cache=cache, last_only=True)
+        fwd(torch.tensor([prompt[:-1]], device=model.device), last_only=True)
     new, root = [], prompt[-1]
     while len(new) < max_new_tokens:
         if trace is not None:
@@ -232,7 +260,7 @@ def lookahead_generate(
             break
     stats.new_tokens = len(new)
     synchronize(model.device)
-    return DecodingResult(torch.tensor([new]), stats, time.perf_counter() - t0)
+    return DecodingResult(torch.tensor([new]), stats, time.perf_counter() - t0, compile_time, fwd.forward_seconds)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,13 +40,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from ..core.cache import KVCache
 from ..core.checkpoints import resolve
+from ..core.compiled import CachedForward, CompiledForward, cached_forward
 from ..core.device import synchronize
 from ..core.generate import check_request, resolve_eos
 from ..core.model import Transformer
 from ..core.sampling import SamplingParams, filter_logits
-from .common import DecodingResult, DecodingStats, single_prompt, stop_at_eos
+from .common import DecodingResult, DecodingStats, single_prompt, stop_at_eos, warm_up
 
 HEADS_FILE, CONFIG_FILE = "medusa_heads.safetensors", "medusa_config.json"
 
@@ -207,17 +207,17 @@ class MedusaDecoder:
         model: Transformer,
         heads: MedusaHeads,
         tree: MedusaTree,
-        cache: KVCache,
+        fwd: CachedForward | CompiledForward,
         accepts: Callable[[Tensor, Tensor], Tensor],
     ):
-        self.model, self.heads, self.tree, self.cache, self.accepts = model, heads, tree, cache, accepts
+        self.model, self.heads, self.tree, self.fwd, self.accepts = model, heads, tree, fwd, accepts
         self.mask = tree.attention_mask().to(model.device)  # (N, N)
         self.head_logits: Tensor | None = None
 
     def prefill(self, prompt: list[int]) -> Tensor:
         """Run the prompt; return the next-token logits (V,)."""
         ids = torch.tensor([prompt], device=self.model.device)
-        logits, hidden = self.model(ids, cache=self.cache, last_only=True, return_hidden=True)
+        logits, hidden = self.fwd(ids, last_only=True, return_hidden=True)
         self.head_logits = self.heads(hidden[0, -1], self.model.lm_head, self.tree.depth)  # (depth, V)
         return logits[0, -1]
 
@@ -226,12 +226,12 @@ class MedusaDecoder:
         Returns the accepted candidate tokens and the next-token logits (V,) after them."""
         tokens = self.tree.tokens(root, self.head_logits).to(self.model.device)  # (N,)
         self.last_tokens = tokens.tolist()
-        start = self.cache.length
+        start = self.fwd.length
         positions = (start + self.tree.depths)[None].to(self.model.device)  # (1, N): prefix length + depth
-        logits, hidden = self.model(tokens[None], positions, self.cache, tree_mask=self.mask, return_hidden=True)
+        logits, hidden = self.fwd(tokens[None], positions, tree_mask=self.mask, return_hidden=True)
         path = longest_accepted_path(self.accepts(tokens, logits[0]), self.tree)  # node ids, root first
         self.last_path = path
-        self.cache.keep_slots(start, [start + i for i in path])
+        self.fwd.keep_slots(start, [start + i for i in path])
         last = path[-1]
         self.head_logits = self.heads(hidden[0, last], self.model.lm_head, self.tree.depth)
         return tokens[path[1:]].tolist(), logits[0, last]
@@ -294,11 +294,13 @@ def medusa_generate(
     options: MedusaOptions | None = None,
     eos_token_id="config",
     trace: list | None = None,
+    compile: bool = False,
 ) -> DecodingResult:
     """Medusa decoding with tree verification. Greedy acceptance (the default ``MedusaOptions``) is
     lossless (the tokens of greedy ``generate``); typical acceptance samples and is not (see the
     module). A ``trace`` list gets one dict per step: the tree's tokens, the accepted path (node ids)
-    and the tokens emitted."""
+    and the tokens emitted. ``compile=True`` verifies each tree through one compiled graph, compiled
+    before the timer starts."""
     options = options or MedusaOptions()
     tree, params = options.tree, options.sampling
     accepts = acceptance_rule(options)
@@ -306,10 +308,11 @@ def medusa_generate(
     check_fits(prompt, max_new_tokens, tree, heads, model.config)
     eos, generator = set(resolve_eos(eos_token_id, model.config)), params.generator(model.device)
     stats = DecodingStats(tree.depth, target_forwards=1)  # the prefill makes the first token
+    fwd = cached_forward(model, 1, len(prompt) + max_new_tokens + len(tree), compile, widths=(len(tree),))
+    decoder = MedusaDecoder(model, heads, tree, fwd, accepts)
+    compile_time = warm_up([fwd], [len(tree)], tree_mask=decoder.mask)
     synchronize(model.device)
     t0 = time.perf_counter()
-    cache = KVCache.for_model(model, 1, len(prompt) + max_new_tokens + len(tree))
-    decoder = MedusaDecoder(model, heads, tree, cache, accepts)
     new = [next_token(decoder.prefill(prompt), params, generator)]
     while len(new) < max_new_tokens and new[-1] not in eos:
         accepted, logits = decoder.step(new[-1])
@@ -320,7 +323,7 @@ def medusa_generate(
         new += emitted
     stats.new_tokens = len(new)
     synchronize(model.device)
-    return DecodingResult(torch.tensor([new]), stats, time.perf_counter() - t0)
+    return DecodingResult(torch.tensor([new]), stats, time.perf_counter() - t0, compile_time, fwd.forward_seconds)
 
 
 def next_token(logits: Tensor, params: SamplingParams, generator) -> int:

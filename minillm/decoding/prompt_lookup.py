@@ -57,12 +57,15 @@ def prompt_lookup_generate(
     min_ngram: int = 1,
     sampling: SamplingParams = GREEDY,
     eos_token_id="config",
+    compile: bool = False,
 ) -> DecodingResult:
     """Prompt-lookup decoding: proposals copied from the prompt and the text so far, verified
-    exactly as speculative decoding's (a deterministic proposal has q one-hot). Batch size 1."""
+    exactly as speculative decoding's (a deterministic proposal has q one-hot). Batch size 1.
+    ``compile=True`` verifies through one compiled graph of K + 1 tokens."""
     check_k(k)
     drafter = PromptLookupDrafter(max_ngram, min_ngram)
-    return draft_and_verify(model, drafter, single_prompt(input_ids), max_new_tokens, k, sampling, eos_token_id)
+    prompt = single_prompt(input_ids)
+    return draft_and_verify(model, drafter, prompt, max_new_tokens, k, sampling, eos_token_id, compile)
 
 
 def copyable_fraction(prompt: Sequence[int], output: Sequence[int], n: int = 3) -> float:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..core.cache import KVCache
+from ..core.compiled import cached_forward
 from ..core.device import synchronize
 from ..core.generate import check_request, resolve_eos
 from ..core.model import Transformer
@@ -41,9 +41,11 @@ from .common import (
     Drafter,
     check_k,
     common_prefix,
+    forward_seconds,
     modeled_speedup,
     single_prompt,
     stop_at_eos,
+    warm_up,
 )
 
 GREEDY = SamplingParams()
@@ -90,34 +92,54 @@ def accept_draft_tokens(
 
 
 class DraftModelDrafter:
-    """A small model that samples K tokens with the same sampling parameters as the target."""
+    """A small model that samples K tokens with the same sampling parameters as the target.
+    Greedy, its proposals are its argmaxes, deterministic (no distributions kept: q is None)."""
 
-    def __init__(self, draft: Transformer, params: SamplingParams, max_len: int, generator=None):
+    def __init__(self, draft: Transformer, params: SamplingParams, max_len: int, generator=None, compile=False):
         self.model, self.params, self.generator = draft, params, generator
-        self.cache = KVCache.for_model(draft, 1, max_len)
+        self.fwd = cached_forward(draft, 1, max_len, compile, widths=(1, 2))  # catch-up: 1 or 2 tokens
         self.fed: list[int] = []  # the tokens whose keys and values are in the cache
         self.forwards = 0
+
+    def warmup(self) -> None:
+        for width in (1, 2):
+            self.fwd.warmup(width)
 
     def _step(self, ids: list[int]) -> Tensor:
         self.forwards += 1
         self.fed += ids
-        logits = self.model(torch.tensor([ids], device=self.model.device), cache=self.cache, last_only=True)
-        return probabilities(logits[0, -1], self.params)  # (V,)
+        return self.fwd(torch.tensor([ids], device=self.model.device), last_only=True)[0, -1]  # (V,)
 
     def propose(self, tokens: list[int], k: int) -> tuple[list[int], Tensor | None]:
         if k == 0:
             return [], None
         keep = common_prefix(self.fed, tokens[:-1])  # roll back what the target rejected
-        self.cache.truncate(keep)
+        self.fwd.truncate(keep)
         del self.fed[keep:]
-        q = self._step(tokens[keep:])
+        logits = self._step(tokens[keep:])
+        if self.params.greedy:  # argmaxes only: no distribution over the vocabulary is built
+            draft = [int(logits.argmax())]
+            for _ in range(k - 1):
+                draft.append(int(self._step(draft[-1:]).argmax()))
+            return draft, None
         draft, qs = [], []
         for i in range(k):
+            q = probabilities(logits, self.params)  # (V,)
             draft.append(draw(q, self.generator))
             qs.append(q)
             if i + 1 < k:
-                q = self._step(draft[-1:])
+                logits = self._step(draft[-1:])
         return draft, torch.stack(qs)  # (k,), (k, V)
+
+
+def greedy_accept(logits: Tensor, draft: Tensor) -> tuple[int, int]:
+    """The rule when both sides are greedy, as one comparison: logits (K+1, V) of the target at the
+    K proposals ``draft`` (K,) and after them -> (proposals kept: the leading ones that equal the
+    target's argmax, the target's argmax after them). ``accept_draft_tokens`` on one-hot p and q
+    gives the same (the tests check it)."""
+    best = logits.argmax(-1)  # (K+1,)
+    n = int((best[: draft.shape[0]] != draft).cumsum(0).eq(0).sum())
+    return n, int(best[n])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,23 +155,36 @@ def draft_and_verify(
     k: int,
     params: SamplingParams,
     eos_token_id="config",
+    compile: bool = False,
 ) -> DecodingResult:
-    """The speculative loop around any drafter; the target keeps all tokens but the last cached."""
+    """The speculative loop around any drafter; the target keeps all tokens but the last cached.
+
+    Greedy, acceptance is ``greedy_accept`` on the logits (no distributions); otherwise the
+    rejection rule on p and q. ``compile=True`` verifies through one compiled graph of width
+    K + 1 (proposals padded to K, the padding never accepted), compiled before the timer starts.
+    """
     check_request([prompt], max_new_tokens, target.config)
     eos, generator = set(resolve_eos(eos_token_id, target.config)), params.generator(target.device)
     stats = DecodingStats(k)
+    fwd = cached_forward(target, 1, len(prompt) + max_new_tokens + k + 1, compile, widths=(k + 1,))
+    compile_time = warm_up([fwd, getattr(drafter, "fwd", None)], [k + 1], drafter)
     synchronize(target.device)
     t0 = time.perf_counter()
-    cache = KVCache.for_model(target, 1, len(prompt) + max_new_tokens + k)
     tokens = list(prompt)
     while stats.new_tokens < max_new_tokens:
         draft, q = drafter.propose(tokens, min(k, max_new_tokens - stats.new_tokens - 1))
-        feed = torch.tensor([tokens[cache.length :] + draft], device=target.device)  # the last token + proposals
-        p = probabilities(target(feed, cache=cache)[0, -len(draft) - 1 :], params)  # (len(draft)+1, V)
-        drafted = torch.tensor(draft, dtype=torch.long, device=p.device)
-        q = F.one_hot(drafted, p.shape[-1]).float() if q is None else q
-        n, token = accept_draft_tokens(p, q, drafted, generator)
-        cache.truncate(cache.length - (len(draft) - n))
+        fresh = tokens[fwd.length :]  # the last token (the whole prompt at first)
+        pad = [0] * (k - len(draft)) if compile and len(fresh) == 1 else []  # one width for the graph
+        feed = torch.tensor([fresh + draft + pad], device=target.device)
+        logits = fwd(feed)[0, len(fresh) - 1 : len(fresh) + len(draft)]  # (len(draft)+1, V)
+        drafted = torch.tensor(draft, dtype=torch.long, device=logits.device)
+        if params.greedy:
+            n, token = greedy_accept(logits, drafted)
+        else:
+            p = probabilities(logits, params)
+            q = F.one_hot(drafted, p.shape[-1]).float() if q is None else q
+            n, token = accept_draft_tokens(p, q, drafted, generator)
+        fwd.truncate(fwd.length - (len(draft) - n) - len(pad))
         emitted = stop_at_eos(draft[:n] + [token], eos)
         tokens += emitted
         stats.record(len(draft), n, len(emitted))
@@ -157,8 +192,9 @@ def draft_and_verify(
             break
     stats.draft_forwards = drafter.forwards
     synchronize(target.device)
+    seconds = time.perf_counter() - t0
     new = torch.tensor([tokens[len(prompt) :]], dtype=torch.long)
-    return DecodingResult(new, stats, time.perf_counter() - t0)
+    return DecodingResult(new, stats, seconds, compile_time, forward_seconds([fwd, getattr(drafter, "fwd", None)]))
 
 
 def speculative_generate(
@@ -169,11 +205,13 @@ def speculative_generate(
     k: int = 4,
     sampling: SamplingParams = GREEDY,
     eos_token_id="config",
+    compile: bool = False,
 ) -> DecodingResult:
     """Speculative decoding with a draft model: K proposals per round, verified by ``target``.
 
     The tokens follow the target's own distribution under ``sampling`` (greedy by default: exactly
     ``generate``'s tokens). The two models must share a tokenizer (the same vocabulary). Batch size 1.
+    ``compile=True`` runs both models' forwards compiled over static caches (``core.compiled``).
     """
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(
@@ -183,8 +221,10 @@ def speculative_generate(
     check_k(k)
     prompt = single_prompt(input_ids)
     draft_params = replace(sampling, seed=None if sampling.seed is None else sampling.seed + 1)  # its own stream
-    drafter = DraftModelDrafter(draft, sampling, len(prompt) + max_new_tokens + k, draft_params.generator(draft.device))
-    return draft_and_verify(target, drafter, prompt, max_new_tokens, k, sampling, eos_token_id)
+    drafter = DraftModelDrafter(
+        draft, sampling, len(prompt) + max_new_tokens + k, draft_params.generator(draft.device), compile
+    )
+    return draft_and_verify(target, drafter, prompt, max_new_tokens, k, sampling, eos_token_id, compile)
 
 
 # ---------------------------------------------------------------------------------------------

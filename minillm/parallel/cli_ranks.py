@@ -44,6 +44,7 @@ def stream_generate(
     max_new_tokens: int,
     sampling: SamplingParams,
     show: bool = True,
+    compile: bool = False,
 ) -> GenerationResult:
     """``generate``, printing the prompt and then each new piece of text as it comes (when ``show``),
     then a newline."""
@@ -63,6 +64,7 @@ def stream_generate(
         top_p=sampling.top_p,
         seed=sampling.seed,
         on_token=print_piece if show else None,
+        compile=compile,
     )
     if show:
         print(stream.flush(), flush=True)
