@@ -204,7 +204,8 @@ class Transformer(nn.Module):
         new token sees (row i: may token i see token j), for verifying several candidate
         continuations in one pass (tree attention). It needs a cache that returns the new
         keys last (``in_order``), a static cache (``core.compiled``) or no cache.
-        ``return_hidden`` also returns the final normed hidden states (B, T, D) that the LM head reads (extra heads such as Medusa's read them too).
+        ``return_hidden`` also returns the final normed hidden states (B, T, D) that the LM head
+        reads (extra heads such as Medusa's read them too).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
