@@ -48,7 +48,7 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
     try:
         with bad_input():
             vs_transformers = bench.bench_vs_transformers(
-                o.model, o.prompt_len, o.new_tokens, o.repeats, o.device, progress=True
+                o.model, o.prompt_len, o.new_tokens, o.repeats, o.device, progress=True, compile=args.compile
             )
         print(bench.format_vs_transformers(vs_transformers), end="\n\n", flush=True)
     except ImportError as e:
@@ -84,7 +84,16 @@ def cmd_bench_decoding(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     with bad_input():
         options = DecodingBench(
-            args.target, args.draft, args.prompts, args.prompt_len, args.new_tokens, args.repeats, args.k, device, True
+            args.target,
+            args.draft,
+            args.prompts,
+            args.prompt_len,
+            args.new_tokens,
+            args.repeats,
+            args.k,
+            device,
+            True,
+            args.compile,
         )
     print(
         f"greedy, speculative, prompt lookup, lookahead and Medusa decoding of {args.target} ({_where(device)})...",
@@ -164,6 +173,14 @@ def report_figures(args: argparse.Namespace, name: str, figures: dict, text: str
     return 0
 
 
+def add_compile_option(p, what: str) -> None:
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help=f"also {what} compiled (torch.compile, static cache); compile times reported apart",
+    )
+
+
 def add_bench(commands) -> None:
     bench_parser = commands.add_parser("bench", help="measure: generation speed, KV-cache techniques, ...")
     kinds = bench_parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", title="benchmarks", required=True)
@@ -181,6 +198,7 @@ def add_bench(commands) -> None:
     )
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    add_compile_option(p, "minillm and transformers")
     p.set_defaults(handler=cmd_bench_generate)
     p = kinds.add_parser("kv", help="KV-cache techniques: bytes and decode tokens/s at several contexts")
     p.add_argument("--shape", default="SmolLM2-135M", help="preset shape, made MHA (default: SmolLM2-135M)")
@@ -204,6 +222,7 @@ def add_bench(commands) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed rounds after a warmup (default: 3)")
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    add_compile_option(p, "every method")
     p.set_defaults(handler=cmd_bench_decoding)
     add_bench_batching(kinds)
     add_bench_disagg(kinds)

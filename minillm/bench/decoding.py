@@ -30,7 +30,7 @@ from ..core.cache import KVCache
 from ..core.checkpoints import load, resolve
 from ..core.generate import generate
 from ..core.model import Transformer
-from ..decoding.common import DecodingResult, DecodingStats, merged
+from ..decoding.common import DecodingResult, DecodingStats, merged, modeled_speedup
 from ..decoding.lookahead import lookahead_generate
 from ..decoding.medusa import CONFIG_FILE, MedusaHeads, medusa_generate
 from ..decoding.prompt_lookup import prompt_lookup_generate
@@ -55,6 +55,7 @@ class DecodingBench:
     k: int = 4  # speculative decoding's draft tokens per round
     device: str = "cpu"
     progress: bool = False  # a progress bar of the timed rounds (on stderr)
+    compile: bool = False  # also every method with compiled forwards (``core.compiled``)
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_len", "new_tokens", "repeats", "k"):
@@ -68,30 +69,50 @@ class DecodingBench:
                 raise ValueError(f"{name} must be a non-empty string, got {value!r}")
 
 
-def tokens_and_stats(result: DecodingResult) -> tuple[list[int], DecodingStats]:
-    return result.tokens[0].tolist(), result.stats
+def tokens_and_stats(result: DecodingResult) -> tuple[list[int], DecodingStats, tuple[float, float, float]]:
+    """A decoder's tokens, statistics and (seconds, of which inside forwards, compile seconds)."""
+    return result.tokens[0].tolist(), result.stats, (result.seconds, result.forward_seconds, result.compile_time)
+
+
+def greedy_tokens(result) -> tuple[list[int], None, tuple[float, float, float]]:
+    """``generate``'s tokens, no statistics, and (seconds, not split, compile seconds)."""
+    return result.tokens[0].tolist(), None, (result.total_time, float("nan"), result.compile_time)
+
+
+COMPILED = " compiled"  # the suffix of a method's compiled twin
 
 
 def decoding_methods(
-    target: Transformer, draft: Transformer, heads: MedusaHeads | None, new_tokens: int, k: int
+    target: Transformer,
+    draft: Transformer,
+    heads: MedusaHeads | None,
+    new_tokens: int,
+    k: int,
+    compile: bool = False,
 ) -> dict[str, Method]:
-    """Each method as a function prompt -> (greedy tokens, statistics)."""
-    methods: dict[str, Method] = {
-        "greedy": lambda p: (generate(target, p, new_tokens, eos_token_id=None).tokens[0].tolist(), None),
-        f"speculative (draft, K={k})": lambda p: tokens_and_stats(
-            speculative_generate(target, draft, p, new_tokens, k=k, eos_token_id=None)
-        ),
-        "prompt lookup (K=8, n<=3)": lambda p: tokens_and_stats(
-            prompt_lookup_generate(target, p, new_tokens, k=8, eos_token_id=None)
-        ),
-        "lookahead (W=5, N=4, G=5)": lambda p: tokens_and_stats(
-            lookahead_generate(target, p, new_tokens, eos_token_id=None)
-        ),
-    }
-    if heads is not None:
-        methods["medusa (greedy, tree 3x2x1)"] = lambda p: tokens_and_stats(
-            medusa_generate(target, heads, p, new_tokens, eos_token_id=None)
-        )
+    """Each method as a function prompt -> (greedy tokens, statistics, (seconds, in forwards));
+    with ``compile``, each also compiled (its name + " compiled")."""
+    methods: dict[str, Method] = {}
+    for c in (False, True) if compile else (False,):
+        suffix = COMPILED if c else ""
+        methods |= {
+            "greedy" + suffix: lambda p, c=c: greedy_tokens(
+                generate(target, p, new_tokens, eos_token_id=None, compile=c)
+            ),
+            f"speculative (draft, K={k})" + suffix: lambda p, c=c: tokens_and_stats(
+                speculative_generate(target, draft, p, new_tokens, k=k, eos_token_id=None, compile=c)
+            ),
+            "prompt lookup (K=8, n<=3)" + suffix: lambda p, c=c: tokens_and_stats(
+                prompt_lookup_generate(target, p, new_tokens, k=8, eos_token_id=None, compile=c)
+            ),
+            "lookahead (W=5, N=4, G=5)" + suffix: lambda p, c=c: tokens_and_stats(
+                lookahead_generate(target, p, new_tokens, eos_token_id=None, compile=c)
+            ),
+        }
+        if heads is not None:
+            methods["medusa (greedy, tree 3x2x1)" + suffix] = lambda p, c=c: tokens_and_stats(
+                medusa_generate(target, heads, p, new_tokens, eos_token_id=None, compile=c)
+            )
     return methods
 
 
@@ -108,8 +129,9 @@ def time_methods(
         runs = timing.values[0]
         out[name] = {
             "seconds": timing.seconds,
-            "tokens": [tokens for tokens, _ in runs],
-            "stats": [stats for _, stats in runs if stats is not None],
+            "tokens": [tokens for tokens, _, _ in runs],
+            "stats": [stats for _, stats, _ in runs if stats is not None],
+            "split": [split for _, _, split in runs],  # (seconds, inside forwards, compiling) per prompt
         }
     return out
 
@@ -188,27 +210,60 @@ def bench_decoding(options: DecodingBench | None = None) -> dict:
         k=o.k,
         prompt_source="corpus text (validation split)",
     )
-    methods = decoding_methods(target, draft, heads, o.new_tokens, o.k)
+    methods = decoding_methods(target, draft, heads, o.new_tokens, o.k, o.compile)
+    compile_seconds = {name: methods[name](prompts[0])[2][2] for name in methods if name.endswith(COMPILED)}
     timed = time_methods(methods, prompts, o.repeats, target.device, "decoding methods" if o.progress else None)
-    costs, base = extra_costs(target_dir, draft, draft_dir, heads), timed["greedy"]
+    costs = extra_costs(target_dir, draft, draft_dir, heads)
     models = {"target": target, "draft": draft}
     forward_ms = {name: measure_forward_ms(m, repeats=20, statistic="median") for name, m in models.items()}
-    rows = []
-    for name, t in timed.items():
-        seconds, stats = statistics.median(t["seconds"]), merged(t["stats"])
-        rows.append(
-            {
-                "method": name,
-                "tokens_per_s": o.prompts * o.new_tokens / seconds,
-                "speedup": statistics.median(base["seconds"]) / seconds,
-                "tokens_per_target_forward": stats.tokens_per_target_forward if stats else 1.0,
-                "mean_accepted_length": stats.mean_accepted_length if stats else 0.0,
-                "acceptance_rates": [round(a, 4) for a in stats.acceptance_rates] if stats else [],
-                "same_greedy_tokens": t["tokens"] == base["tokens"],
-                **next(v for key, v in costs.items() if name.startswith(key)),
-            }
-        )
+    rows = [
+        decoding_row(name, t, timed, o, costs, compile_seconds.get(name, 0.0), forward_ms, models, methods, prompts)
+        for name, t in timed.items()
+    ]
+    record["compile"] = o.compile
     return finish_provenance(record | {"rows": rows, "forward_ms_by_new_tokens": forward_ms})
+
+
+def decoding_row(name, t, timed, o, costs, compile_s, forward_ms, models, methods, prompts) -> dict:
+    """One method's figures: speed against plain greedy (of the same kind, eager or compiled, and
+    eager), tokens per target forward, acceptance, time per round inside and outside the forwards,
+    and (eager) the speedup the measured forward costs predict."""
+    compiled = name.endswith(COMPILED)
+    base = timed["greedy" + (COMPILED if compiled else "")]
+    seconds, stats = statistics.median(t["seconds"]), merged(t["stats"])
+    total = sum(split[0] for split in t["split"])
+    rounds = stats.target_forwards if stats else o.prompts * o.new_tokens
+    plain_step_ms = 1e3 * sum(split[0] for split in base["split"]) / (o.prompts * o.new_tokens)
+    inside = sum(split[1] for split in t["split"])
+    row = {
+        "method": name,
+        "tokens_per_s": o.prompts * o.new_tokens / seconds,
+        "speedup": statistics.median(base["seconds"]) / seconds,
+        "speedup_vs_eager_greedy": statistics.median(timed["greedy"]["seconds"]) / seconds,
+        "tokens_per_target_forward": stats.tokens_per_target_forward if stats else 1.0,
+        "mean_accepted_length": stats.mean_accepted_length if stats else 0.0,
+        "acceptance_rates": [round(a, 4) for a in stats.acceptance_rates] if stats else [],
+        "same_greedy_tokens": t["tokens"] == timed["greedy"]["tokens"],
+        "ms_per_round": 1e3 * total / rounds,
+        "forward_ms_per_round": 1e3 * inside / rounds,
+        "other_ms_per_round": 1e3 * (total - inside) / rounds,
+        "plain_step_ms": plain_step_ms,
+        "compile_seconds": compile_s,
+        **next(v for key, v in costs.items() if name.startswith(key)),
+    }
+    row["other_vs_plain_step"] = row["other_ms_per_round"] / plain_step_ms
+    if stats and not compiled:  # the cost model of decoding.common with this run's forward costs
+        widths = forward_widths(models, methods[name], prompts[:1])
+        width = statistics.mean(widths["target"]) if widths["target"] else 1
+        row["mean_target_width"] = width
+        row["predicted_speedup"] = modeled_speedup(
+            stats.tokens_per_target_forward,
+            width,
+            forward_ms["target"],
+            stats.draft_forwards / stats.target_forwards,
+            forward_ms["draft"],
+        )
+    return row
 
 
 def _acceptance(rates: list[float]) -> str:
@@ -245,7 +300,32 @@ def format_decoding(result: dict) -> str:
             indent="  ",
         )
     ]
-    return "\n".join([format_table(rows, columns, title=title), *lines])
+    return "\n".join([format_table(rows, columns, title=title), *lines, "", format_rounds(result)])
+
+
+def format_rounds(result: dict) -> str:
+    """Where a round's time goes: inside the model's forwards and outside them (the loop's own
+    bookkeeping), against one plain greedy step; the speedup the forward costs alone predict."""
+    columns = {
+        "method": "method",
+        "ms_per_round": "ms/round",
+        "forward_ms_per_round": "in forwards",
+        "other_ms_per_round": "outside",
+        "outside_share": "outside / plain step",
+        "predicted": "predicted speedup",
+        "speedup": "measured",
+        "compile": "compile s",
+    }
+    rows = [
+        {
+            **r,
+            "outside_share": "-" if r["method"].startswith("greedy") else f"{r['other_vs_plain_step']:.0%}",
+            "predicted": f"{r['predicted_speedup']:.2f}" if "predicted_speedup" in r else "-",
+            "compile": f"{r['compile_seconds']:.0f}" if r.get("compile_seconds") else "-",
+        }
+        for r in result["rows"]
+    ]
+    return format_table(rows, columns, title="time per round (a round: one target forward; greedy: one step)")
 
 
 # ---------------------------------------------------------------------------------------------

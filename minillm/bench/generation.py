@@ -28,7 +28,7 @@ from ..core.tokenizer import Tokenizer
 from ..training.corpus import corpus_prompt
 from .hf import Run, hf_call, import_transformers
 from .report import finish_provenance, format_table, provenance
-from .timing import interleaved, repeat
+from .timing import interleaved, repeat, timed
 
 PROMPT_SEED = 0  # for the random prompt of a checkpoint that has no tokenizer
 
@@ -104,11 +104,13 @@ def make_prompt(model: Transformer, tokenizer: Tokenizer | None, length: int) ->
     return ids, "corpus text (validation split)"
 
 
-def minillm_call(model: Transformer, prompt: list[int], new_tokens: int, use_cache: bool = True) -> Callable[[], Run]:
+def minillm_call(
+    model: Transformer, prompt: list[int], new_tokens: int, use_cache: bool = True, compile: bool = False
+) -> Callable[[], Run]:
     """A function that runs one greedy minillm generation of exactly ``new_tokens`` tokens."""
 
     def run() -> Run:
-        result = generate(model, prompt, new_tokens, eos_token_id=None, use_cache=use_cache)
+        result = generate(model, prompt, new_tokens, eos_token_id=None, use_cache=use_cache, compile=compile)
         return Run(float("nan"), result.ttft, result.decode_tokens_per_s, result.tokens[0].tolist())
 
     return run
@@ -158,11 +160,14 @@ def bench_vs_transformers(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: bool = False,
+    compile: bool = False,
 ) -> dict:
     """minillm.generate (with its KV cache) against transformers' ``generate`` on the same weights.
 
     Returns end-to-end tokens/s (prompt in, ``new_tokens`` out, wall time), decode-only tokens/s
     and TTFT of each, the speedup ratios, and whether both made the same greedy tokens.
+    ``compile``: also both compiled (minillm's ``compile=True``; transformers' static cache and
+    compiled forward), with each one's compile time, measured apart on a first call.
     """
     _check_counts(repeats, new_tokens)
     transformers = import_transformers()
@@ -174,10 +179,33 @@ def bench_vs_transformers(
         "minillm": minillm_call(model, prompt, new_tokens),
         "transformers": hf_call(transformers, hf_model, prompt, new_tokens),
     }
+    compile_seconds = {}
+    if compile:
+        hf_compiled = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
+        contenders |= {
+            "minillm compiled": minillm_call(model, prompt, new_tokens, compile=True),
+            "transformers compiled": hf_call(transformers, hf_compiled, prompt, new_tokens, compiled=True),
+        }
+        for name in ("minillm compiled", "transformers compiled"):  # the first call compiles
+            compile_seconds[name], _ = timed(contenders[name], device)
     runs = interleaved_runs(contenders, repeats, device, "minillm vs transformers" if progress else None)
     ours, theirs = summarize(runs["minillm"], new_tokens), summarize(runs["transformers"], new_tokens)
     reference = runs["transformers"][0].tokens
     mismatch = first_mismatch(runs["minillm"][0].tokens, reference)
+    compiled = {}
+    if compile:
+        mine, peer = (summarize(runs[n], new_tokens) for n in ("minillm compiled", "transformers compiled"))
+        compiled = {
+            "minillm_compiled": mine,
+            "transformers_compiled": peer,
+            "compile_seconds": compile_seconds,
+            "compiled_vs_transformers": mine["decode_tokens_per_s"] / theirs["decode_tokens_per_s"],
+            "compiled_vs_transformers_compiled": mine["decode_tokens_per_s"] / peer["decode_tokens_per_s"],
+            "compiled_vs_eager": mine["decode_tokens_per_s"] / ours["decode_tokens_per_s"],
+            "compiled_same_greedy_tokens": all(
+                _all_same(runs[n], reference) for n in ("minillm compiled", "transformers compiled")
+            ),
+        }
     return finish_provenance(
         {
             "benchmark": "minillm vs transformers, greedy generation",
@@ -193,6 +221,7 @@ def bench_vs_transformers(
             "decode_speedup": ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"],
             "same_greedy_tokens": mismatch is None and _all_same(runs["minillm"] + runs["transformers"], reference),
             "first_mismatch": mismatch,
+            **compiled,
         }
     )
 
@@ -265,6 +294,8 @@ def _cache_row(prompt_len: int, runs: dict[str, list[Run]], new_tokens: int) -> 
 
 def format_vs_transformers(result: dict) -> str:
     rows = [{"implementation": name, **result[name]} for name in ("minillm", "transformers")]
+    names = {"minillm_compiled": "minillm compiled", "transformers_compiled": "transformers compiled"}
+    rows += [{"implementation": label, **result[key]} for key, label in names.items() if key in result]
     columns = {
         "implementation": "implementation",
         "tokens_per_s": "tokens/s (end to end)",
@@ -277,11 +308,26 @@ def format_vs_transformers(result: dict) -> str:
         [
             format_table(rows, columns, title=_title(result, f"prompt {result['prompt_len']} tokens, ")),
             f"speedup: {result['speedup']:.2f}x end to end, {result['decode_speedup']:.2f}x decode only",
+            *_compiled_lines(result),
             f"same greedy tokens: {parity}",
             f"transformers {result['transformers_version']} ({result['transformers_class']}, "
             f"attention: {result['transformers_attention']})",
         ]
     )
+
+
+def _compiled_lines(result: dict) -> list[str]:
+    """Decode speed ratios of minillm compiled, and each compile time (paid once, not in the table)."""
+    if "minillm_compiled" not in result:
+        return []
+    paid = ", ".join(f"{name} {s:.0f} s" for name, s in result["compile_seconds"].items())
+    return [
+        f"minillm compiled, decode: {result['compiled_vs_eager']:.2f}x minillm eager, "
+        f"{result['compiled_vs_transformers']:.2f}x transformers eager, "
+        f"{result['compiled_vs_transformers_compiled']:.2f}x transformers compiled",
+        f"compile time (first call, not in the table): {paid}",
+        f"compiled runs made the same greedy tokens: {'yes' if result['compiled_same_greedy_tokens'] else 'NO'}",
+    ]
 
 
 def format_cache_vs_recompute(result: dict) -> str:

@@ -31,9 +31,23 @@ def import_transformers():
     return transformers
 
 
-def hf_call(transformers, hf_model, prompt: list[int], new_tokens: int) -> Callable[[], Run]:
-    """A function that runs one greedy ``hf_model.generate`` of exactly ``new_tokens`` tokens."""
+def hf_call(transformers, hf_model, prompt: list[int], new_tokens: int, compiled: bool = False) -> Callable[[], Run]:
+    """A function that runs one greedy ``hf_model.generate`` of exactly ``new_tokens`` tokens.
+
+    ``compiled``: with its static cache (``cache_implementation="static"``) and its forward
+    compiled, transformers' own recipe for fast decoding; on a CPU its ``CompileConfig`` has to ask
+    for it (``_compile_all_devices``), and gets the same Inductor settings as minillm's compiled
+    path (``core.compiled.compile_options``: CUDA graphs on CUDA, frozen weights on a CPU)."""
     device = hf_model.device
+    options = {}
+    if compiled:
+        from ..core.compiled import compile_options
+
+        config = transformers.CompileConfig(fullgraph=True, dynamic=False, **compile_options(device))
+        if "mode" not in compile_options(device):
+            config.mode = "default"
+        config._compile_all_devices = True
+        options = {"cache_implementation": "static", "compile_config": config}
     ids = torch.tensor([prompt], device=device)
     pad_id = hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else 0
 
@@ -53,9 +67,11 @@ def hf_call(transformers, hf_model, prompt: list[int], new_tokens: int) -> Calla
             pass
 
     def run() -> Run:
+        from ..core.compiled import compiling
+
         streamer = TokenTimes()
         start = time.perf_counter()  # TTFT counts from the call, as minillm.generate's does
-        with torch.inference_mode():
+        with torch.inference_mode(), compiling(device):
             # eos_token_id=None: never stop early and never suppress EOS, as minillm here; so
             # min_new_tokens only restates the length and greedy tokens stay comparable.
             out = hf_model.generate(
@@ -67,6 +83,7 @@ def hf_call(transformers, hf_model, prompt: list[int], new_tokens: int) -> Calla
                 eos_token_id=None,
                 pad_token_id=pad_id,
                 streamer=streamer,
+                **options,
             )
         t = streamer.times
         decode = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 else float("nan")

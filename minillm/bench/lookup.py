@@ -14,7 +14,7 @@ from ..core.model import Transformer
 from ..core.tokenizer import Tokenizer
 from ..decoding.prompt_lookup import copyable_fraction, prompt_lookup_generate
 from ..training import corpus
-from .decoding import time_methods, tokens_and_stats
+from .decoding import greedy_tokens, time_methods, tokens_and_stats
 
 
 def copy_task_prompts(
@@ -49,7 +49,7 @@ def lookup_by_task(
     """Prompt lookup against plain greedy decoding, prompt by prompt (timed interleaved): per
     prompt the task, the share of the output a lookup could copy, tokens per forward, speedup."""
     methods = {
-        "greedy": lambda p: (generate(model, p, new_tokens, eos_token_id=None).tokens[0].tolist(), None),
+        "greedy": lambda p: greedy_tokens(generate(model, p, new_tokens, eos_token_id=None)),
         "lookup": lambda p: tokens_and_stats(
             prompt_lookup_generate(model, p, new_tokens, k=k, max_ngram=max_ngram, eos_token_id=None)
         ),

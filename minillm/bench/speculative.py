@@ -12,7 +12,7 @@ from ..core.model import Transformer
 from ..core.sampling import SamplingParams, probabilities
 from ..decoding.common import mean_acceptance, merged
 from ..decoding.speculative import acceptance_probability, speculative_generate
-from .decoding import time_methods, tokens_and_stats
+from .decoding import greedy_tokens, time_methods, tokens_and_stats
 
 
 def speculative_sweep(
@@ -33,7 +33,7 @@ def speculative_sweep(
         sampling = SamplingParams(temperature=temp, seed=seed)
 
         def plain(p, t=temp):
-            return generate(target, p, new_tokens, temperature=t, seed=seed, eos_token_id=None).tokens[0].tolist(), None
+            return greedy_tokens(generate(target, p, new_tokens, temperature=t, seed=seed, eos_token_id=None))
 
         def speculative(p, k, s=sampling):
             return tokens_and_stats(speculative_generate(target, draft, p, new_tokens, k, s, eos_token_id=None))

@@ -255,11 +255,17 @@ class CompiledForward:
 
 
 def cached_forward(
-    model: Transformer, batch_size: int, max_len: int, compile: bool = False, widths: Iterable[int] = (1,)
+    model: Transformer,
+    batch_size: int,
+    max_len: int,
+    compile: bool = False,
+    widths: Iterable[int] = (1,),
+    role: str = "",
 ) -> CachedForward | CompiledForward:
-    """The model bound to a fresh cache of ``max_len`` slots: eager, or compiled for ``widths``."""
+    """The model bound to an empty cache of at least ``max_len`` slots: eager (a fresh one), or
+    compiled for ``widths`` (kept on the model and reused: ``compiled_forward_for``)."""
     if compile:
-        return CompiledForward(model, batch_size, max_len, widths)
+        return compiled_forward_for(model, batch_size, max_len, widths, role)
     return CachedForward(model, batch_size, max_len)
 
 
@@ -272,15 +278,19 @@ def static_length(needed: int, max_seq_len: int, smallest: int = 256) -> int:
     return max(needed, min(n, max_seq_len))
 
 
-def compiled_forward_for(model: Transformer, batch_size: int, needed: int, widths=(1,)) -> CompiledForward:
+def compiled_forward_for(
+    model: Transformer, batch_size: int, needed: int, widths=(1,), role: str = ""
+) -> CompiledForward:
     """A compiled forward kept on the model for reuse (a graph per cache; compiling costs seconds):
-    one per batch size and slot bucket, emptied before it is handed out. The weights are frozen
+    one per batch size, slot bucket and ``role`` (a model drafting for itself needs a second
+    cache), emptied before it is handed out. The weights are frozen
     into the graph on the CPU: a model whose weights change later needs ``forget_compiled``."""
-    key = (batch_size, static_length(needed, model.config.max_seq_len))
+    key = (batch_size, static_length(needed, model.config.max_seq_len), role)
     kept = model.__dict__.setdefault("_compiled_forwards", {})
     if key not in kept:
         kept[key] = CompiledForward(model, batch_size, key[1], widths)
     fwd = kept[key]
+    fwd.widths.update(widths)
     fwd.truncate(0)
     return fwd
 

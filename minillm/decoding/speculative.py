@@ -97,7 +97,7 @@ class DraftModelDrafter:
 
     def __init__(self, draft: Transformer, params: SamplingParams, max_len: int, generator=None, compile=False):
         self.model, self.params, self.generator = draft, params, generator
-        self.fwd = cached_forward(draft, 1, max_len, compile, widths=(1, 2))  # catch-up: 1 or 2 tokens
+        self.fwd = cached_forward(draft, 1, max_len, compile, widths=(1, 2), role="draft")  # catch-up: 1 or 2
         self.fed: list[int] = []  # the tokens whose keys and values are in the cache
         self.forwards = 0
 

@@ -102,7 +102,10 @@ def test_compiled_decoders_give_greedy_tokens():
         assert eager.tokens[0].tolist() == want, name
         assert compiled.tokens[0].tolist() == want, name
         assert repr(compiled.stats) == repr(eager.stats), name  # the padding is never counted
-        assert compiled.compile_time > 0 and eager.compile_time == 0, name
+        assert eager.compile_time == 0, name
+        # the compiled forwards are kept on the model: prompt lookup's K+1 = 4 reuses speculative's
+        assert (compiled.compile_time > 0) == (name != "prompt lookup"), name
+        assert run(True).compile_time == 0, name
         assert 0 < compiled.forward_seconds <= compiled.seconds, name
 
 
