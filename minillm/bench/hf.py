@@ -36,8 +36,9 @@ def hf_call(transformers, hf_model, prompt: list[int], new_tokens: int, compiled
 
     ``compiled``: with its static cache (``cache_implementation="static"``) and its forward
     compiled, transformers' own recipe for fast decoding; on a CPU its ``CompileConfig`` has to ask
-    for it (``_compile_all_devices``), and gets the same Inductor settings as minillm's compiled
-    path (``core.compiled.compile_options``: CUDA graphs on CUDA, frozen weights on a CPU)."""
+    for it (``_compile_all_devices``). CUDA graphs on CUDA, as minillm's; Inductor's freezing,
+    which minillm's compiled path uses on a CPU, is left off: with transformers' static cache the
+    frozen graph indexes out of bounds on its second call (torch 2.13, transformers 5.24)."""
     device = hf_model.device
     options = {}
     if compiled:
@@ -67,11 +68,9 @@ def hf_call(transformers, hf_model, prompt: list[int], new_tokens: int, compiled
             pass
 
     def run() -> Run:
-        from ..core.compiled import compiling
-
         streamer = TokenTimes()
         start = time.perf_counter()  # TTFT counts from the call, as minillm.generate's does
-        with torch.inference_mode(), compiling(device):
+        with torch.inference_mode():
             # eos_token_id=None: never stop early and never suppress EOS, as minillm here; so
             # min_new_tokens only restates the length and greedy tokens stay comparable.
             out = hf_model.generate(
