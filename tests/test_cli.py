@@ -101,6 +101,22 @@ def test_generate_streams_text_then_timings(checkpoint, capsys):
         assert figure in timing
 
 
+def test_generate_compiled_prints_the_eager_text_and_its_compile_time(checkpoint, capsys):
+    argv = ["generate", "--model", str(checkpoint), "--prompt", "def add(a, b):", "--max-new-tokens", "12"]
+    argv += ["--device", "cpu"]
+    status, eager, err = run_main(argv, capsys)
+    assert status == 0, err
+    status, compiled, err = run_main([*argv, "--compile"], capsys)
+    assert status == 0, err
+    assert compiled.rsplit("\n", 2)[0] == eager.rsplit("\n", 2)[0]  # the same text
+    assert "compiled)" in compiled.rstrip().rsplit("\n", 1)[1]
+    assert "compile time:" in err and "not counted in the timings" in err
+    status, _, err = run_main([*argv, "--compile", "--quantize", "int8"], capsys)
+    assert status != 0 and "--compile with --quantize is not supported" in err
+    status, _, err = run_main([*argv, "--compile", "--tensor-parallel", "2"], capsys)
+    assert status != 0 and "--compile with --tensor-parallel is not supported" in err
+
+
 def test_generate_with_sampling_options(checkpoint, capsys):
     argv = [
         "generate",

@@ -79,8 +79,10 @@ class MedusaHeads(nn.Module):
 
     def forward(self, hidden: Tensor, lm_head: nn.Linear, n: int | None = None) -> Tensor:
         """hidden (..., D), the base model's final normed states -> logits (n, ..., V) of the first
-        n heads (all K by default). Each head costs a vocabulary projection: ask only for those used."""
-        return torch.stack([lm_head(block(hidden)) for block in self.blocks[:n]])
+        n heads (all K by default). Each head costs a vocabulary projection: ask only for those used.
+        The heads' states go through the LM head together, one matrix product that reads its
+        V x D weight once, not once per head (the decoding loop's largest cost outside the forward)."""
+        return lm_head(torch.stack([block(hidden) for block in self.blocks[:n]]))
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -15,6 +15,7 @@ from torch import Tensor
 from ..decoding.lookahead import LookaheadTrace
 from ..decoding.medusa import MedusaTree
 from ..decoding.speculative import expected_speedup, expected_tokens_per_forward
+from .style import require_keys
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 7: speculative decoding
@@ -241,4 +242,30 @@ def plot_break_even(relative_cost: dict[str, dict], methods: dict[str, tuple[flo
         title=title,
     )
     ax.legend(fontsize=7)
+    return fig
+
+
+def plot_round_split(rows: list[dict], title: str = ""):
+    """Per method (``bench decoding`` rows, eager and compiled): the milliseconds of a round inside
+    the model's forwards and outside them, stacked, with one plain greedy step of the same kind
+    marked, and each row's measured speedup at the end of its bar."""
+    require_keys(rows, ["method", "ms_per_round", "forward_ms_per_round", "other_ms_per_round"], "plot_round_split")
+    methods = [r for r in rows if not r["method"].startswith("greedy")]
+    if not methods:
+        raise ValueError("plot_round_split needs rows of draft-and-verify methods, not greedy alone")
+    fig, ax = plt.subplots(figsize=(8, 0.42 * len(methods) + 1.6))
+    y = np.arange(len(methods))[::-1]
+    inside = [r["forward_ms_per_round"] for r in methods]
+    outside = [r["other_ms_per_round"] for r in methods]
+    ax.barh(y, inside, color="C0", label="inside the forwards")
+    ax.barh(y, outside, left=inside, color="C3", label="outside: the loop's own work")
+    for yi, r in zip(y, methods):
+        end = r["forward_ms_per_round"] + r["other_ms_per_round"]
+        ax.text(end, yi, f"  {r['speedup']:.2f}x", va="center", fontsize=8)
+        ax.plot([r["plain_step_ms"]] * 2, [yi - 0.4, yi + 0.4], color="k", lw=1.5)
+    ax.plot([], [], color="k", lw=1.5, label="one plain greedy step (same kind)")
+    ax.set_yticks(y, [r["method"] for r in methods], fontsize=8)
+    ax.set(xlabel="milliseconds per round (one target forward)", title=title)
+    ax.set_xlim(0, 1.18 * max(a + b for a, b in zip(inside, outside)))
+    ax.legend(fontsize=7, loc="lower right")
     return fig

@@ -39,3 +39,21 @@ def test_tree_layout_and_drawings():
     assert len(ax.texts) == len(tree)
     ax = plot_mask(tree.attention_mask())
     assert ax.images[0].get_array().shape == (len(tree), len(tree))
+
+
+def test_round_split_draws_each_method_and_names_what_is_missing():
+    import pytest
+
+    from minillm.viz.decoding import plot_round_split
+
+    rows = [
+        {"method": m, "ms_per_round": 9.0, "forward_ms_per_round": 8.0, "other_ms_per_round": 1.0}
+        | {"plain_step_ms": 5.0, "speedup": 1.1}
+        for m in ("greedy", "speculative", "speculative compiled")
+    ]
+    fig = plot_round_split(rows, title="t")
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["speculative compiled", "speculative"]
+    with pytest.raises(ValueError, match="other_ms_per_round"):
+        plot_round_split([{"method": "x", "ms_per_round": 1, "forward_ms_per_round": 1}])
+    with pytest.raises(ValueError, match="not greedy alone"):
+        plot_round_split(rows[:1])
