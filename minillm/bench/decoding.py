@@ -300,7 +300,8 @@ def format_decoding(result: dict) -> str:
             indent="  ",
         )
     ]
-    return "\n".join([format_table(rows, columns, title=title), *lines, "", format_rounds(result)])
+    rounds = ["", format_rounds(result)] if "other_ms_per_round" in result["rows"][0] else []  # older runs: no split
+    return "\n".join([format_table(rows, columns, title=title), *lines, *rounds])
 
 
 def format_rounds(result: dict) -> str:

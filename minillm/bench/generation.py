@@ -322,10 +322,10 @@ def _compiled_lines(result: dict) -> list[str]:
         return []
     paid = ", ".join(f"{name} {s:.0f} s" for name, s in result["compile_seconds"].items())
     return [
-        f"minillm compiled, decode: {result['compiled_vs_eager']:.2f}x minillm eager, "
-        f"{result['compiled_vs_transformers']:.2f}x transformers eager, "
+        f"minillm compiled, decode: {result['compiled_vs_eager']:.2f}x minillm eager,",
+        f"  {result['compiled_vs_transformers']:.2f}x transformers eager, "
         f"{result['compiled_vs_transformers_compiled']:.2f}x transformers compiled",
-        f"compile time (first call, not in the table): {paid}",
+        f"compile time (first call, not in the table): {paid}".replace(" compiled ", " "),
         f"compiled runs made the same greedy tokens: {'yes' if result['compiled_same_greedy_tokens'] else 'NO'}",
     ]
 

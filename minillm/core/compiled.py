@@ -190,6 +190,8 @@ class CompiledForward:
         self.compiled = torch.compile(run, fullgraph=True, dynamic=False, **compile_options(model.device))
         self.compile_seconds: dict[int, float] = {}  # width -> seconds of its first (compiling) calls
         self.skip_guards = True
+        self.variants: set[tuple[int, bool]] = set()  # (width, with a tree mask): compiled and settled
+        self.calls: dict[tuple[int, bool], int] = {}
         self.forward_seconds = 0.0  # time inside the forwards (GPU work waited for)
 
     def _run(self, ids: Tensor, positions: Tensor, slots: Tensor, tree_mask: Tensor | None):
@@ -214,12 +216,16 @@ class CompiledForward:
         if T in self.widths:
             if self.graphed:
                 torch.compiler.cudagraph_mark_step_begin()
-            if T in self.compile_seconds:  # compiled: the guards only tell its graphs apart
+            variant = (T, tree_mask is not None)
+            if variant in self.variants:  # compiled: the guards only tell its graphs apart
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=self.skip_guards):
                     logits, hidden = self.compiled(ids, positions, slots, tree_mask)
             else:
                 with compiling(self.model.device):
                     logits, hidden = self.compiled(ids, positions, slots, tree_mask)
+                self.calls[variant] = self.calls.get(variant, 0) + 1
+                if self.calls[variant] >= 2:  # a second call may recompile once; then it is settled
+                    self.variants.add(variant)
             if self.graphed:  # the graph's outputs are overwritten by its next replay
                 logits, hidden = logits.clone(), hidden.clone()
         else:
@@ -239,8 +245,8 @@ class CompiledForward:
 
     def warmup(self, width: int, tree_mask: Tensor | None = None) -> None:
         """Compile the graph of ``width`` new tokens (twice through it: a second call can
-        recompile once for what the first one changed); the cache is left empty."""
-        if width in self.compile_seconds:
+        recompile once for what the first one changed); the cache is left as it was."""
+        if (width, tree_mask is not None) in self.variants:
             return
         self.widths.add(width)
         ids = torch.zeros(self.cache.batch_size, width, dtype=torch.long, device=self.model.device)
@@ -251,7 +257,7 @@ class CompiledForward:
             self(ids, tree_mask=tree_mask)
             self.truncate(saved)
         synchronize(self.model.device)
-        self.compile_seconds[width] = time.perf_counter() - t0
+        self.compile_seconds[width] = self.compile_seconds.get(width, 0.0) + time.perf_counter() - t0
 
 
 def cached_forward(
