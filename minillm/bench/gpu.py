@@ -90,25 +90,21 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-def _decode_tokens_per_s(step: Callable, steps: int, compiled: bool) -> float:
+def _decode_tokens_per_s(step: Callable, steps: int) -> float:
+    """Greedy steps per second of ``step(token, position)``, after 3 warm-up steps (a compiled
+    step marks its own CUDA-graph steps: ``core.compiled.CompiledForward``)."""
     token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
     position = 0
 
     def run(n: int) -> None:
         nonlocal token, position
         for _ in range(n):
-            _mark_step(compiled)
             token = step(token, torch.full((1, 1), position, device="cuda")).clone()
             position += 1
 
-    run(3)  # warm-up; compilation and graph capture happen here
+    run(3)  # warm-up
     seconds, _ = timed(lambda: run(steps), "cuda")
     return steps / seconds
-
-
-def _mark_step(compiled: bool) -> None:
-    if compiled and hasattr(torch.compiler, "cudagraph_mark_step_begin"):
-        torch.compiler.cudagraph_mark_step_begin()
 
 
 def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
@@ -149,8 +145,7 @@ def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
 
     def compiled_step():  # the library's compiled path, the one generate(compile=True) decodes with
         fwd = CompiledForward(model, 1, max_len, widths=(1,))
-        fwd.warmup(1)  # torch.compile, mode="reduce-overhead": the step is captured as a CUDA graph
-        out["compile_seconds"] = fwd.compile_seconds[1]
+        out["compile_seconds"] = fwd.warmup(1)  # torch.compile, mode="reduce-overhead": a CUDA graph
         return lambda token, pos: fwd(token)[:, -1].argmax(-1, keepdim=True)
 
     for name, make in [("eager", lambda: step), ("compiled", compiled_step)]:
@@ -158,7 +153,7 @@ def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
             out[name] = {"skipped": "time budget"}
             continue
         try:
-            tps = _decode_tokens_per_s(make(), steps, False)
+            tps = _decode_tokens_per_s(make(), steps)
             bw = tps * step_bytes
             out[name] = {
                 "tokens_per_s": tps,

@@ -44,9 +44,8 @@ def hf_call(transformers, hf_model, prompt: list[int], new_tokens: int, compiled
     if compiled:
         from ..core.compiled import compile_options
 
-        config = transformers.CompileConfig(fullgraph=True, dynamic=False, **compile_options(device))
-        if "mode" not in compile_options(device):
-            config.mode = "default"
+        mode = compile_options(device).get("mode", "default")
+        config = transformers.CompileConfig(fullgraph=True, dynamic=False, mode=mode)
         config._compile_all_devices = True
         options = {"cache_implementation": "static", "compile_config": config}
     ids = torch.tensor([prompt], device=device)

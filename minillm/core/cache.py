@@ -64,6 +64,14 @@ def check_sizes(**sizes: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def kept_slots(slots, start: int, length: int, device) -> Tensor:
+    """The slots a ``keep_slots`` keeps, as a tensor, checked: increasing, within [start, length)."""
+    slots = torch.as_tensor(slots, dtype=torch.long, device=device)
+    if len(slots) and (slots.min() < start or slots.max() >= length or (slots.diff() <= 0).any()):
+        raise ValueError(f"slots must increase within [{start}, {length}), got {slots.tolist()}")
+    return slots
+
+
 class SlotBuffers:
     """K and V buffers of (layers, B, n_kv_heads, slots, head_dim) and the position held by each
     slot (B, slots), -1 for empty: the storage the contiguous and compressed kinds are built on.
@@ -156,10 +164,7 @@ class KVCache(SlotBuffers):
         self.length = self._start = length
 
     def _check_slots(self, start: int, slots) -> Tensor:
-        slots = torch.as_tensor(slots, dtype=torch.long, device=self.positions.device)
-        if len(slots) and (slots.min() < start or slots.max() >= self.length or (slots.diff() <= 0).any()):
-            raise ValueError(f"slots must increase within [{start}, {self.length}), got {slots.tolist()}")
-        return slots
+        return kept_slots(slots, start, self.length, self.positions.device)
 
     def keep_slots(self, start: int, slots: Tensor | list[int]) -> None:
         """Keep the tokens of ``slots`` (increasing, all >= start) at start, start+1, ...; drop the rest.

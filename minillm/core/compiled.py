@@ -10,8 +10,8 @@ step instead of one per kernel. On the CPU the weights are frozen into the graph
 ``freezing``), which lets it prepack them for oneDNN's matrix kernels.
 
 Only the widths named in ``widths`` are compiled; any other forward (the prompt, a short tail)
-runs eagerly over the same static cache. ``warmup`` compiles them before a timer starts, and
-``compile_seconds`` says what that cost, so that compile time is always reported apart.
+runs eagerly over the same static cache. ``warmup`` compiles them before a timer starts and
+returns what that cost, so that compile time is always reported apart.
 
 Both kinds answer the same calls: ``fwd(ids, positions=None, tree_mask=None, last_only=False,
 return_hidden=False)``, ``fwd.length``, ``fwd.truncate(n)`` (roll back a rejected draft) and
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from .cache import CacheFullError, KVCache, check_sizes
+from .cache import CacheFullError, KVCache, check_sizes, kept_slots
 from .config import ModelConfig
 from .device import synchronize
 from .model import Transformer
@@ -114,9 +114,7 @@ class StaticCache:
 
     def keep_slots(self, start: int, slots) -> None:
         """Keep the tokens of ``slots`` (increasing, all >= start) at start, start+1, ...; drop the rest."""
-        slots = torch.as_tensor(slots, dtype=torch.long, device=self.positions.device)
-        if len(slots) and (slots.min() < start or slots.max() >= self.length or (slots.diff() <= 0).any()):
-            raise ValueError(f"slots must increase within [{start}, {self.length}), got {slots.tolist()}")
+        slots = kept_slots(slots, start, self.length, self.positions.device)
         end = start + len(slots)
         for buf in (*self.k, *self.v):
             buf[:, :, start:end] = buf[:, :, slots]
@@ -126,8 +124,6 @@ class StaticCache:
 
 class CachedForward:
     """The eager kind: ``model`` and a contiguous ``KVCache`` of ``max_len`` slots."""
-
-    compile_seconds: dict[int, float] = {}  # nothing compiled
 
     def __init__(self, model: Transformer, batch_size: int, max_len: int):
         self.model = model
@@ -151,8 +147,9 @@ class CachedForward:
     def keep_slots(self, start: int, slots) -> None:
         self.cache.keep_slots(start, slots)
 
-    def warmup(self, width: int, tree_mask: Tensor | None = None) -> None:
-        """Nothing to compile."""
+    def warmup(self, width: int, tree_mask: Tensor | None = None) -> float:
+        """Nothing to compile: 0 seconds."""
+        return 0.0
 
 
 def compile_options(device: torch.device) -> dict:
@@ -188,7 +185,6 @@ class CompiledForward:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         run = own_code(CompiledForward._run).__get__(self)
         self.compiled = torch.compile(run, fullgraph=True, dynamic=False, **compile_options(model.device))
-        self.compile_seconds: dict[int, float] = {}  # width -> seconds of its first (compiling) calls
         self.skip_guards = True
         self.variants: set[tuple[int, bool]] = set()  # (width, with a tree mask): compiled and settled
         self.calls: dict[tuple[int, bool], int] = {}
@@ -243,11 +239,12 @@ class CompiledForward:
     def keep_slots(self, start: int, slots) -> None:
         self.cache.keep_slots(start, slots)
 
-    def warmup(self, width: int, tree_mask: Tensor | None = None) -> None:
+    def warmup(self, width: int, tree_mask: Tensor | None = None) -> float:
         """Compile the graph of ``width`` new tokens (twice through it: a second call can
-        recompile once for what the first one changed); the cache is left as it was."""
+        recompile once for what the first one changed) -> the seconds it took, 0 when it was
+        compiled already; the cache is left as it was."""
         if (width, tree_mask is not None) in self.variants:
-            return
+            return 0.0
         self.widths.add(width)
         ids = torch.zeros(self.cache.batch_size, width, dtype=torch.long, device=self.model.device)
         saved = self.cache.length
@@ -257,7 +254,7 @@ class CompiledForward:
             self(ids, tree_mask=tree_mask)
             self.truncate(saved)
         synchronize(self.model.device)
-        self.compile_seconds[width] = self.compile_seconds.get(width, 0.0) + time.perf_counter() - t0
+        return time.perf_counter() - t0
 
 
 def cached_forward(

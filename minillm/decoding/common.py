@@ -131,17 +131,15 @@ def single_prompt(input_ids) -> list[int]:
 
 
 def warm_up(forwards: list, widths: list[int], drafter=None, tree_mask=None) -> float:
-    """Compile what will be compiled before a timer starts; -> the seconds it took."""
-    spent = lambda: sum(sum(f.compile_seconds.values()) for f in forwards if f is not None)  # noqa: E731
-    before = spent()
-    for width in widths:
-        forwards[0].warmup(width, tree_mask)
+    """Compile what will be compiled before a timer starts (the target's ``widths``, the
+    drafter's own); -> the seconds it took. The forwards' clocks start from zero after it."""
+    seconds = sum(forwards[0].warmup(width, tree_mask) for width in widths)
     if drafter is not None and hasattr(drafter, "warmup"):
-        drafter.warmup()
+        seconds += drafter.warmup()
     for f in forwards:
         if f is not None:
             f.forward_seconds = 0.0
-    return spent() - before
+    return seconds
 
 
 def forward_seconds(forwards: list) -> float:

@@ -101,9 +101,8 @@ class DraftModelDrafter:
         self.fed: list[int] = []  # the tokens whose keys and values are in the cache
         self.forwards = 0
 
-    def warmup(self) -> None:
-        for width in (1, 2):
-            self.fwd.warmup(width)
+    def warmup(self) -> float:
+        return sum(self.fwd.warmup(width) for width in (1, 2))
 
     def _step(self, ids: list[int]) -> Tensor:
         self.forwards += 1
