@@ -1,0 +1,475 @@
+"""The book's decision guide: from a measured symptom to the technique to try and the way to check it.
+
+Every chapter ended with a technique and a benchmark that measured it. Read backwards, those
+benchmarks are a diagnosis: each symptom (decode is bandwidth-bound, the KV cache fills the
+memory, the p99 gap between tokens spikes when long prompts arrive...) shows in one measurement,
+points to a few techniques, and has a check that the technique worked *and* stayed correct.
+
+``decision_guide`` builds that table, one ``GuideEntry`` per symptom. The signal, techniques and
+checks are the book's prose; the ``evidence`` is not typed in: it is one sentence computed from
+the book's own saved runs (``minillm/results/<hardware>/<name>.json``, read with
+``report.load_results``), with the file it came from in ``source``. Where several machines saved
+the file, the newest run wins (``prefer`` names hardware to try first); where none did, the
+evidence says which command to run. ``format_guide`` prints it to fit the page,
+``guide_markdown`` renders it for a notebook, and ``minillm.viz.guide`` draws it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .report import PAGE_WIDTH, load_results, wrap_line
+
+NO_RUN = "no saved run: run `{benchmark}`"
+
+
+@dataclass(frozen=True)
+class GuideEntry:
+    """One row of the guide: a symptom, how it shows, what to try, and the measured figure behind it."""
+
+    symptom: str  # what is wrong, e.g. "decode is bandwidth-bound"
+    signal: str  # how it shows in a measurement
+    techniques: str  # what to try, most effective first
+    chapters: tuple[int, ...]  # where the book teaches them
+    benchmark: str  # the command that measures it
+    verify: str  # how to check the technique worked and stayed correct
+    evidence: str  # one measured sentence from a saved run (or which command to run)
+    source: str  # "<hardware>/<name>.json" the evidence came from; "" when there is none
+
+
+# ---------------------------------------------------------------------------------------------
+# Evidence: one sentence from one saved result (None when the record lacks the figures)
+
+Evidence = Callable[[Mapping], "str | None"]
+
+
+@dataclass(frozen=True)
+class Reader:
+    """Where one symptom's evidence can come from: a saved result's name, the command that writes
+    it, and the function that turns the record into a sentence."""
+
+    name: str  # e.g. "bench_compression"
+    command: str  # e.g. "python -m minillm bench compression"
+    sentence: Evidence
+
+
+def _row(rows: Sequence[Mapping], **match) -> Mapping | None:
+    """The first row whose fields equal ``match`` (None when there is none)."""
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _technique(rows: Sequence[Mapping], key: str, prefix: str, **match) -> Mapping | None:
+    """The first row whose ``key`` starts with ``prefix`` (and whose fields equal ``match``)."""
+    return next((r for r in rows if str(r.get(key, "")).startswith(prefix) and _row([r], **match)), None)
+
+
+def prefill_from_step_cost(record: Mapping) -> str | None:
+    """bench disagg: the step costs fitted to the prefill worker's and the decode worker's steps."""
+    prefill, decode = record["step_cost"]["prefill"], record["step_cost"]["decode"]
+    return _prefill_sentence(prefill["per_prefill_token"], decode["fixed"] + decode["per_token"])
+
+
+def _prefill_sentence(per_prompt_token: float, decode_step: float, model: str = "") -> str | None:
+    """Seconds per prompt token and per one-row decode step, as one sentence (None if not positive)."""
+    if per_prompt_token <= 0 or decode_step <= 0:
+        return None
+    return (
+        f"prefill: {1e3 * per_prompt_token:.2f} ms per prompt token; a decode step: {1e3 * decode_step:.1f} ms, "
+        f"as much as {decode_step / per_prompt_token:.0f} prompt tokens{model}"
+    )
+
+
+def prefill_from_gpu_steps(record: Mapping) -> str | None:
+    """make gpu-check, disagg section: one step cost fitted to a continuous engine's steps on the GPU."""
+    cost = record["sections"]["disagg"]["steps"]["fitted"]
+    per_prompt = cost["per_token"] if cost.get("per_prefill_token") is None else cost["per_prefill_token"]
+    return _prefill_sentence(per_prompt, cost["fixed"] + cost["per_token"], " (Llama-3-8B)")
+
+
+def decode_from_compression(record: Mapping) -> str | None:
+    """bench compression: decode tokens/s of int4 (group 128) vs bf16 weights at batch 1."""
+    rows = record["decode"]
+    bf16, int4 = _row(rows, technique="bf16", batch=1), _row(rows, technique="int4 g128", batch=1)
+    if not bf16 or not int4:
+        return None
+    speed, size = int4["tokens_per_s"] / bf16["tokens_per_s"], int4["model_bytes"] / bf16["model_bytes"]
+    where = f"random {record['shape']}"
+    return f"int4 g128 ({size:.2f}x the bytes) decodes {speed:.2f}x faster than bf16 at batch 1 ({where})"
+
+
+def decode_from_gpu_compression(record: Mapping) -> str | None:
+    """make gpu-check, compression section: CUDA-graphed decode of int4 (group 128) vs 16-bit weights."""
+    rows = record["sections"]["compression"]["decode"]
+    base = _row(rows, scheme="bf16") or _row(rows, scheme="fp16")
+    int4 = _row(rows, scheme="int4-g128")
+    speed = int4["batch_1"]["graphed_tokens_per_s"] / base["batch_1"]["graphed_tokens_per_s"]
+    size = int4["model_bytes"] / base["model_bytes"]
+    return f"int4 g128 ({size:.2f}x the bytes) decodes {speed:.2f}x faster than {base['scheme']} (random Llama-3-8B)"
+
+
+def overhead_from_generate(record: Mapping) -> str | None:
+    """bench generate --compile: minillm's decode tokens/s, compiled vs eager."""
+    run = record["vs_transformers"]
+    eager, compiled = run["minillm"]["decode_tokens_per_s"], run["minillm_compiled"]["decode_tokens_per_s"]
+    same = "same" if run["compiled_same_greedy_tokens"] else "NOT the same"
+    return (
+        f"compiled decode {compiled / eager:.2f}x eager ({compiled:.0f} vs {eager:.0f} tok/s), "
+        f"{same} greedy tokens ({run['model']})"
+    )
+
+
+def overhead_from_gpu_decode(record: Mapping) -> str | None:
+    """make gpu-check, decode section: batch-1 decode, eager vs torch.compile with CUDA graphs."""
+    decode = record["sections"]["decode"]
+    eager, compiled = decode["eager"]["tokens_per_s"], decode["compiled"]["tokens_per_s"]
+    return (
+        f"CUDA graphs decode {compiled / eager:.2f}x eager ({compiled:.0f} vs {eager:.0f} tok/s, "
+        f"MBU {decode['compiled']['mbu']:.2f}), random Llama-3-8B"
+    )
+
+
+def lookup_from_decoding(record: Mapping) -> str | None:
+    """bench decoding: prompt lookup decoding against plain greedy decoding (the eager rows)."""
+    row = next(r for r in record["rows"] if r["method"].startswith("prompt lookup") and "compiled" not in r["method"])
+    same = "same" if row["same_greedy_tokens"] else "NOT the same"
+    return (
+        f"prompt lookup: {row['speedup']:.2f}x greedy tok/s, {row['tokens_per_target_forward']:.2f} tokens "
+        f"per forward, {same} tokens"
+    )
+
+
+def cache_from_generate(record: Mapping) -> str | None:
+    """bench generate: KV cache vs recomputing the prefix, at the longest prompt measured."""
+    row = max(record["cache_vs_recompute"]["rows"], key=lambda r: r["prompt_len"])
+    return (
+        f"at a {row['prompt_len']}-token prompt the KV cache generates {row['speedup']:.1f}x faster "
+        f"than recomputing ({record['cache_vs_recompute']['model']})"
+    )
+
+
+def kv_from_kv(record: Mapping) -> str | None:
+    """bench kv: cache bytes of GQA, MQA and an int8 cache against MHA, at the longest context."""
+    context = max(r["context"] for r in record["rows"])
+    rows = [_technique(record["rows"], "technique", name, context=context) for name in ("GQA", "MQA", "int8 KV")]
+    if not all(rows):
+        return None
+    mha = _row(record["rows"], technique="MHA (baseline)", context=context)["kv_bytes"]
+    gqa, mqa, int8 = (r["kv_bytes"] / mha for r in rows)
+    return f"at {context} tokens GQA keeps {gqa:.2f}x, MQA {mqa:.2f}x, int8 KV {int8:.2f}x the MHA cache bytes"
+
+
+def waste_from_batching(record: Mapping) -> str | None:
+    """bench batching: KV memory reserved but unused, paged blocks vs max-length slots."""
+    rows = record["memory_waste"]["rows"]
+    row = _row(rows, block_size=16) or rows[0]
+    return (
+        f"paged KV (blocks of {row['block_size']}) wastes {row['paged_waste_pct']:.1f}% of its memory, "
+        f"max-length slots {row['contiguous_waste_pct']:.0f}%"
+    )
+
+
+def prefix_from_batching(record: Mapping) -> str | None:
+    """bench batching: mean TTFT with and without the prefix cache, requests sharing a system prompt."""
+    p = record["prefix_cache"]
+    return (
+        f"prefix caching: TTFT {p['without_cache']['ttft_ms_mean']:.0f} -> {p['with_cache']['ttft_ms_mean']:.0f} ms "
+        f"(-{p['ttft_saving_pct']:.0f}%) under a shared {p['system_len']}-token system prompt"
+    )
+
+
+def throughput_from_batching(record: Mapping) -> str | None:
+    """bench batching: output tokens/s of continuous vs static batching on the same workload."""
+    t = record["throughput"]
+    return (
+        f"continuous batching: {t['ratio']:.2f}x the output tok/s of static batches "
+        f"({t['continuous']['output_tokens_per_s']:.0f} vs {t['static']['output_tokens_per_s']:.0f})"
+    )
+
+
+def tail_from_disagg(record: Mapping) -> str | None:
+    """bench disagg: the p99 gap between tokens while long prompts arrive, per serving mode."""
+    runs = record["interference"]["runs"]
+    disagg = next(k for k in runs if k.startswith("disagg"))
+    return (
+        f"p99 gap between tokens: {runs['colocated']['itl_p99_ms']:.0f} ms colocated, "
+        f"{runs['chunked']['itl_p99_ms']:.0f} chunked, {runs[disagg]['itl_p99_ms']:.0f} {disagg}"
+    )
+
+
+def split_from_parallel(record: Mapping) -> str | None:
+    """bench parallel: each tensor-parallel rank's share of the weights, and whether the tokens stayed."""
+    rows = record["tensor_parallel"]
+    one, most = _row(rows, ranks=1), max(rows, key=lambda r: r["ranks"])
+    if most["ranks"] == 1:
+        return None
+    same = "same" if all(r["tokens_equal"] for r in rows) else "NOT the same"
+    return (
+        f"{most['ranks']}-way tensor parallel: each rank holds {most['local_params'] / one['local_params']:.2f}x "
+        f"the weights; {same} greedy tokens as 1 rank"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The guide
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """A guide entry before its evidence: the prose, and where the evidence can be read."""
+
+    symptom: str
+    signal: str
+    techniques: str
+    chapters: tuple[int, ...]
+    verify: str
+    readers: tuple[Reader, ...] = field(default=())
+
+    def entry(self, evidence: str, source: str, benchmark: str | None = None) -> GuideEntry:
+        return GuideEntry(
+            self.symptom,
+            self.signal,
+            self.techniques,
+            self.chapters,
+            benchmark or self.readers[0].command,
+            self.verify,
+            evidence,
+            source,
+        )
+
+
+GPU_CHECK = "make gpu-check"
+GENERATE = "python -m minillm bench generate"
+BATCHING = "python -m minillm bench batching"
+DISAGG = "python -m minillm bench disagg"
+
+SYMPTOMS: tuple[Symptom, ...] = (
+    Symptom(
+        "prefill is compute-bound",
+        "TTFT grows in proportion to prompt tokens; a prompt token costs a small share of a decode step",
+        "fused attention (FlashAttention); 16-bit or fp8 tensor-core matmuls; skip it: prefix caching",
+        (3, 10),
+        "prefill time per prompt token against the roofline's FLOP/s; outputs equal the reference kernel's",
+        (
+            Reader("bench_disagg", DISAGG, prefill_from_step_cost),
+            Reader("gpu_check", GPU_CHECK, prefill_from_gpu_steps),
+        ),
+    ),
+    Symptom(
+        "decode is bandwidth-bound",
+        "tok/s at batch 1 ~ bandwidth / weight bytes; batch 16 costs about what batch 1 does",
+        "int4/int8 weight-only quantization; speculative decoding; batching",
+        (3, 7, 12),
+        "decode tok/s vs bf16 side by side; perplexity change and greedy agreement",
+        (
+            Reader("bench_compression", "python -m minillm bench compression", decode_from_compression),
+            Reader("gpu_check", GPU_CHECK, decode_from_gpu_compression),
+        ),
+    ),
+    Symptom(
+        "each step recomputes the whole prefix",
+        "time per new token grows with its position; total time grows with the square of the length",
+        "KV cache: keep each token's keys and values, feed only the new token",
+        (4,),
+        "tok/s with and without the cache; the same greedy tokens",
+        (Reader("bench_generate", GENERATE, cache_from_generate),),
+    ),
+    Symptom(
+        "per-step overhead at small batch",
+        "batch-1 tok/s far under bandwidth / weight bytes; a profile shows gaps between kernels",
+        "torch.compile; CUDA graphs (mode reduce-overhead) over a static KV cache",
+        (11,),
+        "decode tok/s eager vs compiled, compile time apart; the same greedy tokens",
+        (
+            Reader("bench_generate", f"{GENERATE} --compile", overhead_from_generate),
+            Reader("gpu_check", GPU_CHECK, overhead_from_gpu_decode),
+        ),
+    ),
+    Symptom(
+        "the output copies the input",
+        "summaries, code edits, RAG answers: long n-grams of the output already stand in the prompt",
+        "prompt lookup decoding (drafts matched in the prompt); lookahead decoding",
+        (8, 9),
+        "tok/s and tokens per target forward vs greedy; exactly the greedy tokens",
+        (Reader("bench_decoding", "python -m minillm bench decoding", lookup_from_decoding),),
+    ),
+    Symptom(
+        "the KV cache fills the memory",
+        "KV bytes per token x context x batch reach the weights' bytes; the batch is capped by memory",
+        "GQA/MQA (convert and uptrain); int8 KV cache; sliding window or eviction",
+        (5,),
+        "KV bytes and decode tok/s per technique; perplexity after uptraining or eviction",
+        (Reader("bench_kv", "python -m minillm bench kv", kv_from_kv),),
+    ),
+    Symptom(
+        "KV memory reserved but unused",
+        "fewer sequences fit than the memory holds: each reserves a slot for its longest length",
+        "paged KV cache (block tables); continuous batching",
+        (6, 13),
+        "wasted share of the KV memory, paged vs contiguous; the same tokens as the contiguous cache",
+        (Reader("bench_batching", BATCHING, waste_from_batching),),
+    ),
+    Symptom(
+        "long prompts shared by many requests",
+        "TTFT dominated by a system prompt or document that every request repeats",
+        "prefix caching (shared KV blocks, reference-counted)",
+        (6,),
+        "TTFT with and without the prefix cache; the same tokens either way",
+        (Reader("bench_batching", BATCHING, prefix_from_batching),),
+    ),
+    Symptom(
+        "throughput low with many users",
+        "static batches wait for their longest member; padding rows in every step",
+        "continuous batching (iteration-level scheduling)",
+        (13,),
+        "output tok/s and TTFT p50/p99 on the same workload, static vs continuous",
+        (Reader("bench_batching", BATCHING, throughput_from_batching),),
+    ),
+    Symptom(
+        "tail latency spikes under load",
+        "p99 gap between tokens jumps whenever a long prompt arrives; TPOT misses its SLO",
+        "chunked prefill; prefill/decode disaggregation",
+        (13, 14),
+        "p99 inter-token gap and goodput within the SLO per mode; KV handoff bytes = the formula",
+        (Reader("bench_disagg", DISAGG, tail_from_disagg),),
+    ),
+    Symptom(
+        "the model is too large for one device",
+        "weights + KV cache exceed the device's memory; out-of-memory at load",
+        "int8/int4 weights; tensor parallel; pipeline parallel",
+        (12, 15),
+        "the same greedy tokens as one device; communicated bytes = the formula; tok/s per device",
+        (Reader("bench_parallel", "python -m minillm bench parallel", split_from_parallel),),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing the run
+
+
+def result_date(record: Mapping) -> datetime.datetime | None:
+    """When a saved result was measured: its provenance ``date`` (or gpu-check's ``started``),
+    else that of its first section that has one; None when undated."""
+    candidates = [record.get("date"), record.get("started")]
+    candidates += [v.get("date") for v in record.values() if isinstance(v, Mapping)]
+    for text in filter(None, candidates):
+        for fmt in ("%Y-%m-%d %H:%M UTC", "%Y-%m-%dT%H:%M:%SZ"):
+            try:
+                return datetime.datetime.strptime(str(text), fmt)
+            except ValueError:
+                continue
+    return None
+
+
+def _preferred(prefer: str | Sequence[str] | None) -> list[str]:
+    if prefer is None:
+        return []
+    names = [prefer] if isinstance(prefer, str) else list(prefer)
+    if not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"prefer names hardware folders such as 'cpu-epyc-2core', got {prefer!r}")
+    return names
+
+
+def _read(reader: Reader, record: Mapping) -> str | None:
+    """The reader's sentence, or None where the record lacks (or mangles) the figures it needs."""
+    try:
+        return reader.sentence(record)
+    except (KeyError, TypeError, ValueError, IndexError, StopIteration, ZeroDivisionError, AttributeError):
+        return None
+
+
+def evidence_for(
+    symptom: Symptom, results: Mapping[str, Mapping[str, Mapping]], prefer: Sequence[str] = ()
+) -> GuideEntry:
+    """The symptom's entry with its evidence from the best saved run: preferred hardware first,
+    then the newest run (undated runs last), then the readers' order."""
+    found = []
+    for order, reader in enumerate(symptom.readers):
+        for hardware, record in results.get(reader.name, {}).items():
+            sentence = _read(reader, record)
+            if sentence:
+                rank = prefer.index(hardware) if hardware in prefer else len(prefer)
+                date = result_date(record)
+                stamp = -date.timestamp() if date else float("inf")
+                found.append(((rank, stamp, order, hardware), sentence, f"{hardware}/{reader.name}.json", reader))
+    if not found:
+        benchmark = symptom.readers[0].command
+        return symptom.entry(NO_RUN.format(benchmark=benchmark), "")
+    _, sentence, source, reader = min(found, key=lambda f: f[0])
+    return symptom.entry(sentence, source, reader.command)
+
+
+def decision_guide(
+    results_dir: str | Path | None = None, prefer: str | Sequence[str] | None = None
+) -> list[GuideEntry]:
+    """One entry per symptom, each with its evidence from the saved results under ``results_dir``
+    (default: the package's store). ``prefer``: hardware folder(s) to take evidence from first."""
+    preferred = _preferred(prefer)
+    names = {reader.name for s in SYMPTOMS for reader in s.readers}
+    results = {name: load_results(name, results_dir) for name in sorted(names)}
+    return [evidence_for(s, results, preferred) for s in SYMPTOMS]
+
+
+def evidence_hardware(entries: Sequence[GuideEntry]) -> list[str]:
+    """The hardware folders the entries' evidence came from, in order of first use."""
+    return list(dict.fromkeys(e.source.split("/")[0] for e in entries if e.source))
+
+
+# ---------------------------------------------------------------------------------------------
+# Showing it
+
+
+def chapters_label(chapters: Sequence[int]) -> str:
+    """(3, 12) -> 'ch. 3, ch. 12'."""
+    return ", ".join(f"ch. {n}" for n in chapters)
+
+
+def format_guide(entries: Sequence[GuideEntry], width: int = PAGE_WIDTH) -> str:
+    """The guide as text, a block per entry, every line within ``width`` characters."""
+    if width < 40:
+        raise ValueError(f"width must be at least 40 characters, got {width}")
+    indent = " " * 13
+    blocks = []
+    for i, e in enumerate(entries, 1):
+        head = f"{i}. {e.symptom}"
+        label = chapters_label(e.chapters)
+        lines = [f"{head}{label.rjust(width - len(head))}" if len(head) + len(label) < width else head]
+        measured = f"{e.evidence} [{e.source}]" if e.source else e.evidence
+        for name, text in [
+            ("signal", e.signal),
+            ("try", e.techniques),
+            ("measure", e.benchmark),
+            ("verify", e.verify),
+            ("measured", measured),
+        ]:
+            lines += wrap_line(f"   {name + ':':<10}{text}", width, indent)
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def guide_markdown(entries: Sequence[GuideEntry]) -> str:
+    """The guide as a Markdown table (for ``IPython.display.Markdown`` in a notebook)."""
+    lines = [
+        "| symptom | how it shows | what to try | where | measure | verify | measured |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        measured = f"{e.evidence} ({e.source})" if e.source else e.evidence
+        cells = [
+            f"**{e.symptom}**",
+            e.signal,
+            e.techniques,
+            chapters_label(e.chapters),
+            f"`{e.benchmark}`",
+            e.verify,
+            measured,
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
