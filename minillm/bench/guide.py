@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .report import PAGE_WIDTH, load_results, wrap_line
@@ -77,7 +77,7 @@ def _prefill_sentence(per_prompt_token: float, decode_step: float, model: str = 
     if per_prompt_token <= 0 or decode_step <= 0:
         return None
     return (
-        f"prefill: {1e3 * per_prompt_token:.2f} ms per prompt token; a decode step: {1e3 * decode_step:.1f} ms, "
+        f"prefill: {1e3 * per_prompt_token:.3g} ms per prompt token; a decode step: {1e3 * decode_step:.1f} ms, "
         f"as much as {decode_step / per_prompt_token:.0f} prompt tokens{model}"
     )
 
@@ -225,7 +225,11 @@ class Symptom:
     techniques: str
     chapters: tuple[int, ...]
     verify: str
-    readers: tuple[Reader, ...] = field(default=())
+    readers: tuple[Reader, ...]  # the first one's command is what to run when nothing is saved
+
+    def __post_init__(self) -> None:
+        if not self.readers:
+            raise ValueError(f"symptom {self.symptom!r} needs at least one Reader of its evidence")
 
     def entry(self, evidence: str, source: str, benchmark: str | None = None) -> GuideEntry:
         return GuideEntry(
