@@ -19,6 +19,7 @@ from ..serving.disagg import WorkerError
 from . import generation as bench
 from . import report
 from .batching import BatchingBench, bench_batching, format_batching
+from .capstone import CapstoneBench, bench_capstone, format_capstone
 from .compression import TECHNIQUE_NAMES, CompressionBench, bench_compression, format_compression
 from .decoding import DecodingBench, bench_decoding, format_decoding
 from .disagg import DisaggBench, SimulatedSweep, bench_disagg, format_disagg
@@ -229,6 +230,7 @@ def add_bench(commands) -> None:
     add_bench_serve(kinds)
     add_bench_compression(kinds)
     add_bench_parallel(kinds)
+    add_bench_capstone(kinds)
     for benchmark in kinds.choices.values():  # every benchmark honours --threads (and MINILLM_THREADS)
         add_threads_option(benchmark)
 
@@ -413,3 +415,56 @@ def add_bench_parallel(kinds) -> None:
         "--no-save", action="store_true", help="do not save them to minillm/results/<hardware>/bench_parallel.json"
     )
     p.set_defaults(handler=cmd_bench_parallel)
+
+
+def cmd_bench_capstone(args: argparse.Namespace) -> int:
+    with bad_input():
+        options = CapstoneBench(
+            shape=args.shape,
+            model=args.model,
+            draft=args.draft,
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            requests=args.requests,
+            rate=args.rate,
+            slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot),
+            compile=not args.no_compile,
+            http=not args.no_http,
+            device=parse_device(args.device),
+            progress=not args.no_progress,
+        )
+    print(
+        f"chapter 16's table: the ladder on a random {options.shape.name}, quality, decoding and serving on "
+        f"{options.model} ({_where(options.device)}); the first run compiles for minutes...",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        figures = bench_capstone(options)
+    except (RuntimeError, ValueError) as e:
+        raise CliError(f"bench capstone: {e}") from None
+    return report_figures(args, "bench_capstone", figures, format_capstone(figures))
+
+
+def add_bench_capstone(kinds) -> None:
+    p = kinds.add_parser("capstone", help="chapter 16: every technique stacked, one row each, one table")
+    p.add_argument("--shape", default="SmolLM2-135M", help="random model of the speed rows (default: SmolLM2-135M)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"trained model: quality, serving (default: {DEFAULT_MODEL})")
+    p.add_argument("--draft", default="minillm-draft", help="draft of speculative decoding (default: minillm-draft)")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens (default: 64)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per run (default: 32)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of each, taking turns (default: 3)")
+    p.add_argument("--requests", type=int, default=24, help="requests of the serving workload (default: 24)")
+    p.add_argument("--rate", type=float, default=4.0, help="their Poisson arrivals/s (default: 4)")
+    p.add_argument("--slo-ttft", type=float, default=0.5, help="SLO on TTFT, seconds (default: 0.5)")
+    p.add_argument("--slo-tpot", type=float, default=0.05, help="SLO on TPOT, seconds (default: 0.05)")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled rows (no compile time)")
+    p.add_argument("--no-http", action="store_true", help="skip the served-over-HTTP row (no server process)")
+    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument(
+        "--no-save", action="store_true", help="do not save them to minillm/results/<hardware>/bench_capstone.json"
+    )
+    p.set_defaults(handler=cmd_bench_capstone)

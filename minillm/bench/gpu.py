@@ -16,7 +16,9 @@
 - chapter 14's serving step costs (``minillm.bench.gpu_disagg``);
 - the decode step of one tensor-parallel rank's shard of Llama-2-7B for tp = 1, 2, 4, 8 (the
   compute part of TP, measured), plus the predicted all-reduces over NVLink: a predicted
-  multi-GPU speedup beside gpt-fast's published one (``minillm.bench.gpu_parallel``).
+  multi-GPU speedup beside gpt-fast's published one (``minillm.bench.gpu_parallel``);
+- chapter 16's first two rungs, recompute vs KV cache on the same Llama-3-8B, which with the
+  decode and compression sections make the GPU ladder (``minillm.bench.capstone``).
 
 Every section runs under its own time limit and inside try/except: a failure is recorded in the
 JSON and the next section runs. The JSON is rewritten after each section, so a run cut short
@@ -46,6 +48,7 @@ from ..core.device import hardware_description
 from ..core.model import random_model
 from ..kv.static import StaticDecodeCache
 from ..measure.roofline import DATASHEETS
+from .capstone import gpu_first_rungs
 from .gpu_compression import compression_speed
 from .gpu_disagg import disagg_steps
 from .gpu_kernels import GOALS, SectionTimeout, attention_speed, check_correctness, paged_bandwidth
@@ -56,12 +59,13 @@ from .timing import timed
 
 SECTION_LIMITS_S = {  # 479 s in all: under 8 minutes
     "correctness": 60,
-    "attention_speed": 90,
-    "paged_bandwidth": 35,
-    "decode": 142,
+    "attention_speed": 72,
+    "paged_bandwidth": 32,
+    "decode": 133,
     "compression": 97,
     "disagg": 30,
     "parallel": 25,
+    "capstone": 30,
 }
 
 
@@ -231,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "compression": compression_speed,
         "disagg": disagg_steps,
         "parallel": tp_shard_decode,
+        "capstone": gpu_first_rungs,
     }
     for name, fn in sections.items():
         run_section(report, name, fn, out_path)

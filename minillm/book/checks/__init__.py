@@ -5,6 +5,7 @@ One module per chapter; this package re-exports them all, so a notebook may writ
 """
 
 from .base import CheckFailed, close, passed, require
+from .capstone import check_pick_technique, check_predict_stacked, check_row_costs
 from .compilers import check_launch_overhead, check_mbu, check_pool_offset
 from .compression import check_distillation_loss, check_int4_groups, check_two_four_mask
 from .generation import check_greedy_generate, check_softmax_with_temperature, check_top_p
@@ -64,13 +65,16 @@ __all__ = [
     "check_ngram_lookup",
     "check_online_softmax_update",
     "check_percentile",
+    "check_pick_technique",
     "check_pool_offset",
+    "check_predict_stacked",
     "check_prompt_lookup_loop",
     "check_quantize_int8",
     "check_repeat_kv",
     "check_request_latencies",
     "check_ring_slots",
     "check_roofline_point",
+    "check_row_costs",
     "check_run_goodput",
     "check_shared_prefix_blocks",
     "check_softmax_with_temperature",

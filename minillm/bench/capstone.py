@@ -1,0 +1,643 @@
+"""Chapter 16's table: one model from the plain baseline to every technique of the book stacked,
+a row at a time (``python -m minillm bench capstone``), the way the gpt-fast write-up took
+Llama-7B from 25.5 to 244.7 tokens/s on one A100 {cite}`pytorch2023gptfast`.
+
+Three parts, each measured side by side (``timing.interleaved``) on what it needs:
+
+- ``ladder``: batch-1 generation of a true-size random-weight model (speed does not depend on
+  the weights' values): recompute everything each step -> KV cache -> compiled decode over a
+  static cache -> int8 weights -> int4 weights. Each rung's quality is measured on the bundled
+  trained model with the same recipe: perplexity, greedy agreement (teacher-forced, chapter 12's
+  measure) and how many greedy outputs equal the baseline's token for token;
+- ``decoding``: on the bundled trained pair (acceptance depends on trained weights), the last
+  rung's recipe with a draft model (speculative decoding), and prompt lookup on prompts whose
+  output copies its input, each against plain greedy decoding on the same prompts;
+- ``serving``: a Poisson workload with a shared system prompt, served one request at a time,
+  then with continuous batching over paged KV blocks, then with prefix caching, then by the HTTP
+  server measured from a streaming client: throughput, goodput under an SLO, TTFT/TPOT p50/p99;
+  and the same requests handed over at once, as a batch API runs them (no latency promised).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from tqdm.auto import tqdm
+
+from ..compression import model_bytes, quantize
+from ..core.cache import KVCache
+from ..core.checkpoints import load
+from ..core.compiled import compiled_forward_for
+from ..core.config import ModelConfig, check_field_types, preset
+from ..core.device import best_device
+from ..core.generate import generate
+from ..core.model import Transformer, random_model
+from ..decoding.common import mean_acceptance, merged
+from ..decoding.prompt_lookup import prompt_lookup_generate
+from ..decoding.speculative import speculative_generate
+from ..measure.metrics import SLO, RequestMetrics, span
+from ..measure.quality import greedy_agreement, perplexity
+from ..serving.engine import EngineConfig
+from ..serving.scheduler import SchedulerConfig
+from ..serving.workload import Request, chat_trace, random_prompt, requests_from_trace
+from ..training.corpus import corpus_prompts
+from ..training.train import encode_split
+from .batching import SIGMA
+from .decoding import greedy_tokens, time_methods, tokens_and_stats
+from .lookup import copy_task_prompts
+from .report import describe, finish_provenance, format_table, provenance
+from .serve import rate_figures, run_workload, server_process, wait_healthy
+from .serving import run_measured, serving_figures
+from .timing import interleaved
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of the ladder: how the model is stored and how it generates."""
+
+    name: str
+    cache: bool  # keep a KV cache (False: recompute the whole sequence every step)
+    compiled: bool  # decode through torch.compile over a static cache
+    scheme: str | None = None  # weight-only quantization: "int8", "int4"; None: 16/32-bit weights
+    group: int | None = None  # int4 group size
+    lossless: bool = True  # the step makes the previous rung's greedy tokens
+
+    @property
+    def weights(self) -> tuple[str | None, int | None]:
+        return self.scheme, self.group
+
+
+# Compilation comes last: on a CPU each rung compiled would be a graph of its own to build (a
+# minute and a half for a 30-layer model, the first time), and compiled decoding of the int4
+# model is what a reader would keep. gpt-fast compiled first, then quantized; on a GPU the
+# check's sections measure that order (``gpu_ladder_rows``).
+LADDER = (
+    Rung("recompute (baseline)", cache=False, compiled=False),
+    Rung("+ KV cache", cache=True, compiled=False),
+    Rung("+ int8 weights", cache=True, compiled=False, scheme="int8", lossless=False),
+    Rung("+ int4 weights (g128)", cache=True, compiled=False, scheme="int4", group=128, lossless=False),
+    Rung("+ compiled decode", cache=True, compiled=True, scheme="int4", group=128),
+)
+
+
+@dataclass
+class CapstoneBench:
+    """The options of ``bench_capstone``. ``device`` defaults to the best one."""
+
+    shape: str | ModelConfig = "SmolLM2-135M"  # (preset of) the random model of the ladder's speed
+    model: str = "minillm-target"  # trained model: quality, acceptance, serving
+    draft: str = "minillm-draft"  # the draft of speculative decoding (the best bundled one)
+    prompt_len: int = 64  # tokens of the ladder's prompt
+    new_tokens: int = 32  # tokens generated per run (ladder and decoding rows)
+    repeats: int = 3  # timed runs of each, taking turns; the median is reported
+    k: int = 4  # draft tokens per round
+    decoding_prompts: int = 2  # corpus prompts (and copying prompts) of the decoding rows
+    quality_prompts: int = 8  # prompts of the greedy comparisons
+    quality_windows: int = 8  # validation windows of 256 tokens for perplexity
+    requests: int = 24  # requests of the serving workload
+    rate: float = 4.0  # their Poisson arrivals per second
+    prompt_median: float = 48  # tokens after the shared system prompt (lognormal)
+    output_median: float = 32  # tokens
+    system_len: int = 128  # the system prompt every request starts with
+    max_batch: int = 8  # sequences per engine step at most
+    num_blocks: int = 256  # KV pool, blocks of 16 tokens (the server's default)
+    slo: SLO = field(default_factory=lambda: SLO(ttft=0.5, tpot=0.05))
+    compile: bool = True  # False: skip the compiled rungs (and compile nothing)
+    http: bool = True  # False: skip the served-over-HTTP row (no server process)
+    seed: int = 0
+    device: str | torch.device | None = None
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        ints = ("prompt_len", "new_tokens", "repeats", "k", "decoding_prompts", "quality_prompts")
+        ints += ("quality_windows", "requests", "system_len", "max_batch", "num_blocks")
+        check_field_types(self, ints=ints, numbers=("rate", "prompt_median", "output_median"))
+        if self.rate <= 0 or min(self.prompt_median, self.output_median) < 1:
+            raise ValueError("rate must be positive; prompt_median and output_median at least 1 token")
+        if not isinstance(self.shape, ModelConfig):
+            try:
+                self.shape = preset(self.shape)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from e
+        self.device = torch.device(self.device) if self.device is not None else best_device()
+
+    @property
+    def rungs(self) -> tuple[Rung, ...]:
+        return tuple(r for r in LADDER if self.compile or not r.compiled)
+
+    @property
+    def dense_dtype(self) -> torch.dtype:
+        """16-bit on a GPU; fp32 on a CPU, where bf16 matmuls without packed weights are slow."""
+        return torch.float32 if self.device.type == "cpu" else torch.bfloat16
+
+
+# ---------------------------------------------------------------------------------------------
+# The ladder: batch 1 on a true-size model
+
+
+def rung_models(base: Transformer, rungs: tuple[Rung, ...]) -> dict[str, Transformer]:
+    """The model of each rung: ``base`` itself for 16/32-bit weights, else one quantized copy per
+    scheme (shared by the rungs that store it so), in bf16: the packed int8/int4 kernels compute
+    in bf16."""
+    stored: dict[tuple, Transformer] = {(None, None): base}
+    for rung in rungs:
+        if rung.weights not in stored:
+            stored[rung.weights] = quantize(copy.deepcopy(base).bfloat16(), rung.scheme, rung.group)
+    return {rung.name: stored[rung.weights] for rung in rungs}
+
+
+def kv_bytes(model: Transformer, rung: Rung, length: int) -> int:
+    """The KV memory a batch-1 generation of ``length`` tokens holds: none when recomputing, a
+    cache of exactly ``length`` slots, or the static cache's bucket when compiled."""
+    if not rung.cache:
+        return 0
+    if rung.compiled:
+        return compiled_forward_for(model, 1, length).cache.nbytes
+    return KVCache.for_model(model, 1, length).nbytes
+
+
+def _generate(model: Transformer, rung: Rung, ids, new_tokens: int):
+    return generate(model, ids, new_tokens, eos_token_id=None, use_cache=rung.cache, compile=rung.compiled)
+
+
+@torch.inference_mode()
+def ladder_speed(o: CapstoneBench) -> list[dict]:
+    """Tokens/s (new tokens over the whole call, prompt included) of every rung on a random
+    ``o.shape``, taking turns; the tokens each made, compared with the baseline's and with the
+    previous rung's (a lossless step must make the same)."""
+    base = random_model(o.shape, o.device, o.dense_dtype, seed=o.seed)
+    ids = torch.randint(0, o.shape.vocab_size, (1, o.prompt_len), generator=torch.Generator().manual_seed(o.seed))
+    models = rung_models(base, o.rungs)
+    length = o.prompt_len + o.new_tokens
+    # compiled before the timer starts; the seconds it took are reported apart
+    compile_s = {r.name: compiled_forward_for(models[r.name], 1, length).warmup(1) for r in o.rungs if r.compiled}
+    runs = {r.name: partial(_generate, models[r.name], r, ids.to(o.device), o.new_tokens) for r in o.rungs}
+    timings = interleaved(runs, o.repeats, o.device, progress="ladder" if o.progress else None)
+    tokens = {r.name: timings[r.name].values[0].tokens[0].tolist() for r in o.rungs}
+    rows = []
+    for i, rung in enumerate(o.rungs):
+        t, model = timings[rung.name], models[rung.name]
+        rows.append(
+            {
+                "step": rung.name,
+                "ran_on": f"random {o.shape.name}, {str(model.dtype).removeprefix('torch.')}",
+                "tokens_per_s": o.new_tokens / t.median,
+                "seconds_runs": t.seconds,
+                "ttft_ms": 1e3 * statistics.median(v.ttft for v in t.values),
+                "tpot_ms": 1e3 * statistics.median(v.tpot for v in t.values),
+                "compile_s": compile_s.get(rung.name, 0.0),
+                "weights_bytes": model_bytes(model),
+                "kv_bytes": kv_bytes(model, rung, length),
+                "same_tokens_as_baseline": tokens[rung.name] == tokens[o.rungs[0].name],
+                "same_tokens_as_previous": tokens[rung.name] == tokens[o.rungs[max(i - 1, 0)].name],
+                "lossless": rung.lossless,
+            }
+        )
+    return with_ratios(rows)
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Each row's tokens/s over the first row's and over the previous row's (the same run)."""
+    for i, row in enumerate(rows):
+        row["vs_baseline"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+        row["vs_previous"] = row["tokens_per_s"] / rows[max(i - 1, 0)]["tokens_per_s"]
+    return rows
+
+
+@torch.inference_mode()
+def ladder_quality(o: CapstoneBench) -> tuple[list[dict], dict[str, Transformer]]:
+    """Each rung's recipe on the trained ``o.model``: perplexity, its change against the fp32
+    baseline, greedy agreement with the baseline (teacher-forced, for the rungs that change the
+    weights; None for those that keep the row above's) and how many of ``o.quality_prompts``
+    greedy outputs equal the baseline's. Also returns the trained models by rung."""
+    reference, tokenizer = load(o.model, device=o.device, dtype=torch.float32)
+    valid = encode_split(tokenizer, "valid")
+    prompts = corpus_prompts(tokenizer, o.quality_prompts, 32)
+    models = rung_models(reference, o.rungs)
+    outputs = {
+        r.name: [_generate(models[r.name], r, p, o.new_tokens).tokens[0].tolist() for p in prompts] for r in o.rungs
+    }
+    baseline = outputs[LADDER[0].name]
+    base_ppl = perplexity(reference, valid, 256, o.quality_windows)
+    rows, measured = [], {(None, None): (base_ppl, None)}
+    for rung in o.rungs:
+        model = models[rung.name]
+        new_weights = rung.weights not in measured
+        if new_weights:
+            agreement = greedy_agreement(model, reference, prompts, o.new_tokens)
+            measured[rung.weights] = (perplexity(model, valid, 256, o.quality_windows), agreement)
+        ppl, agreement = measured[rung.weights]
+        agreement = agreement if new_weights else None
+        same = sum(a == b for a, b in zip(outputs[rung.name], baseline))
+        rows.append(
+            {
+                "step": rung.name,
+                "quality_on": f"{o.model}, {str(model.dtype).removeprefix('torch.')}",
+                "perplexity": ppl,
+                "ppl_change_pct": 100 * (ppl / base_ppl - 1),
+                "agreement": agreement,
+                "same_outputs": same,
+                "outputs": len(prompts),
+                "quality_weights_bytes": model_bytes(model),
+            }
+        )
+    return rows, models
+
+
+def bench_ladder(o: CapstoneBench) -> tuple[list[dict], Transformer]:
+    """Speed and quality of every rung, one row each; and the last rung's trained model."""
+    speed = ladder_speed(o)
+    quality, models = ladder_quality(o)
+    rows = [{**s, **q} for s, q in zip(speed, quality)]
+    return rows, models[o.rungs[-1].name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding: the trained pair
+
+
+@torch.inference_mode()
+def bench_decoding_rows(o: CapstoneBench, target: Transformer, recipe: str) -> list[dict]:
+    """Greedy, speculative with the draft model, and (on copying prompts) prompt lookup, all
+    on ``target`` (the last rung's recipe on the trained model), compiled when ``o.compile``."""
+    _, tokenizer = load(o.model, device="cpu")
+    draft, _ = load(o.draft, device=o.device, dtype=target.dtype)
+    n, c = o.new_tokens, o.compile
+    free = corpus_prompts(tokenizer, o.decoding_prompts, o.prompt_len)
+    tasks = copy_task_prompts(target, tokenizer, o.decoding_prompts, o.prompt_len, n)
+    copying = [p for task in ("rewrite a function", "regenerate an answer") for p in tasks[task]]
+
+    def greedy(p):
+        return greedy_tokens(generate(target, p, n, eos_token_id=None, compile=c))
+
+    def spec(p):
+        return tokens_and_stats(speculative_generate(target, draft, p, n, o.k, eos_token_id=None, compile=c))
+
+    def lookup(p):
+        return tokens_and_stats(prompt_lookup_generate(target, p, n, k=8, eos_token_id=None, compile=c))
+
+    where = f"{o.model} ({recipe}), draft {o.draft}"
+    rows = []
+    for label, prompts, name, method in (
+        ("chat prompts", free, f"+ speculative (draft model, K={o.k})", spec),
+        ("copying prompts", copying, "prompt lookup instead (K=8)", lookup),
+    ):
+        timed = time_methods({"greedy": greedy, name: method}, prompts, o.repeats, o.device)
+        total = len(prompts) * n
+        base, fast = (statistics.median(timed[m]["seconds"]) for m in ("greedy", name))
+        stats = merged(timed[name]["stats"])
+        rows.append(
+            {
+                "step": name,
+                "ran_on": where if "speculative" in name else f"{o.model} ({recipe})",
+                "workload": f"{len(prompts)} {label}" if len(prompts) > 1 else f"1 {label[:-1]}",
+                "tokens_per_s": total / fast,
+                "greedy_tokens_per_s": total / base,
+                "vs_greedy": base / fast,
+                "acceptance": mean_acceptance(stats),
+                "tokens_per_target_forward": stats.tokens_per_target_forward,
+                "same_tokens_as_greedy": timed[name]["tokens"] == timed["greedy"]["tokens"],
+                "weights_bytes": model_bytes(target) + (model_bytes(draft) if "speculative" in name else 0),
+                "lossless": True,
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving: a Poisson workload
+
+
+def serving_workload(o: CapstoneBench, vocab_size: int, run: int = 0) -> list:
+    """The requests: Poisson arrivals at ``o.rate``, chat-like lengths after a shared system
+    prompt of ``o.system_len`` tokens (fresh prompt ids per ``run``, so that no run finds another's
+    in a prefix cache)."""
+    import numpy as np
+
+    rng = np.random.default_rng(o.seed + 1000 * (run + 1))
+    system = random_prompt(o.system_len, vocab_size, rng)
+    max_len = 2 * (o.system_len + 4 * int(o.prompt_median))
+    trace = chat_trace(o.requests, o.rate, o.prompt_median, SIGMA, o.output_median, SIGMA, max_len, o.seed)
+    return requests_from_trace(trace, vocab_size, o.seed + run, shared_prefix=system)
+
+
+OFFLINE = "batch: all at once, 2x batch"
+SERVED = (
+    ("one request at a time", SchedulerConfig("static", 1), False),
+    ("+ continuous batching, paged KV", None, False),
+    ("+ prefix caching", None, True),
+)
+
+
+@torch.inference_mode()
+def bench_serving_rows(o: CapstoneBench) -> list[dict]:
+    """The three engine configurations on the same workload and, as a batch API would run it, the
+    same requests handed over at once (taking turns); with ``o.http``, the server on the
+    workload too, measured from a streaming client."""
+    model, _ = load(o.model, device=o.device)
+    requests = serving_workload(o, model.config.vocab_size)
+    block = 16
+    block_bytes = model.config.n_layers * 2 * block * model.config.n_kv_heads * model.config.head_dim
+    block_bytes *= model.dtype.itemsize
+
+    def serve(scheduler, prefix, workload=requests):
+        scheduler = scheduler or SchedulerConfig("continuous", o.max_batch)
+        config = EngineConfig(o.num_blocks, block, prefix_caching=prefix, scheduler=scheduler)
+        outputs, engine = run_measured(model, workload, config)
+        figures = serving_figures(outputs, engine, o.slo)
+        good = good_tokens_per_s([out.metrics for out in outputs], o.slo)
+        return {**figures, "good_tokens_per_s": good, "kv_bytes": engine.peak_blocks * block_bytes}
+
+    runs = {name: partial(serve, s, prefix) for name, s, prefix in SERVED}
+    # a batch API: the same requests handed over at once, twice the batch, no latency promised
+    at_once = [Request(list(r.prompt), r.max_tokens, 0.0, id=r.id) for r in requests]
+    runs[OFFLINE] = partial(serve, SchedulerConfig("continuous", 2 * o.max_batch), True, at_once)
+    timings = interleaved(runs, o.repeats, o.device, warmup=0, progress="serving" if o.progress else None)
+    rows = []
+    for name in runs:
+        values = sorted(timings[name].values, key=lambda f: f["tokens_per_s"])
+        f = values[(len(values) - 1) // 2]  # the median run, by throughput
+        rows.append({"step": name, "ran_on": f"{o.model} engine", **_served_row(f), "kv_bytes": f["kv_bytes"]})
+    if o.http:
+        rows.insert(len(SERVED), http_row(o, requests))
+    for row in rows:
+        row["weights_bytes"], row["lossless"] = model_bytes(model), True
+    return rows
+
+
+def good_tokens_per_s(metrics: list[RequestMetrics], slo: SLO) -> float:
+    """Output tokens of the requests that met ``slo``, per second of the run: the throughput an
+    online service can sell under that promise."""
+    return sum(m.output_tokens for m in metrics if slo.met_by(m)) / span(metrics)
+
+
+def _served_row(f: dict) -> dict:
+    return {
+        "throughput": f["tokens_per_s"],
+        "good_tokens_per_s": f["good_tokens_per_s"],
+        "goodput_rps": f["goodput_rps"],
+        "slo_met_pct": f["slo_met_pct"],
+        "ttft_p50_ms": f["ttft_p50_ms"],
+        "ttft_p99_ms": f["ttft_p99_ms"],
+        "tpot_p50_ms": f["tpot_p50_ms"],
+        "tpot_p99_ms": f["tpot_p99_ms"],
+    }
+
+
+def http_row(o: CapstoneBench, requests: list) -> dict:
+    """The workload streamed to ``python -m minillm serve`` (continuous batching, paged KV, prefix
+    caching) in a process of its own, measured at the client."""
+    with server_process(o.model, o.max_batch, timeout=120.0) as url:
+        card = wait_healthy(url, 60.0)
+        with tqdm(total=len(requests), desc="over HTTP", unit="req", disable=not o.progress) as bar:
+            measured = run_workload(url, card["id"], requests, bar)
+    figures = rate_figures(o.rate, measured, o.slo)
+    client = figures["client"]
+    return {
+        "step": "+ served over HTTP",
+        "ran_on": f"{o.model} server",
+        "throughput": figures["output_tokens_per_s"],
+        "good_tokens_per_s": good_tokens_per_s([m.client for m in measured], o.slo),
+        "goodput_rps": client["goodput_rps"],
+        "slo_met_pct": client["slo_met_pct"],
+        "ttft_p50_ms": client["ttft_ms"]["p50"],
+        "ttft_p99_ms": client["ttft_ms"]["p99"],
+        "tpot_p50_ms": client["tpot_ms"]["p50"],
+        "tpot_p99_ms": client["tpot_ms"]["p99"],
+        "kv_bytes": None,  # the server's pool use is not visible from the client
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# All of it
+
+
+def recipe_of(rung: Rung) -> str:
+    """What a rung's model and generation carry, e.g. 'KV cache, int4 g128, compiled'."""
+    parts = ["KV cache"] if rung.cache else ["recompute"]
+    if rung.scheme:
+        parts.append(rung.scheme + (f" g{rung.group}" if rung.group else ""))
+    return ", ".join(parts + (["compiled"] if rung.compiled else []))
+
+
+def bench_capstone(o: CapstoneBench | None = None) -> dict:
+    """The three parts with their provenance: the figures chapter 16 prints and plots."""
+    o = o or CapstoneBench()
+    result = provenance(
+        o.device,
+        model=f"random {o.shape.name} (speed), {o.model} (quality, decoding, serving)",
+        dtype=f"{str(o.dense_dtype).removeprefix('torch.')}; bfloat16 when quantized",
+        shape=o.shape.name,
+        quality_model=o.model,
+        draft=o.draft,
+        prompt_len=o.prompt_len,
+        new_tokens=o.new_tokens,
+        repeats=o.repeats,
+        workload={
+            "requests": o.requests,
+            "rate": o.rate,
+            "system_len": o.system_len,
+            "prompt_median": o.prompt_median,
+            "output_median": o.output_median,
+            "max_batch": o.max_batch,
+        },
+        slo={"ttft_s": o.slo.ttft, "tpot_s": o.slo.tpot},
+    )
+    result["ladder"], target = bench_ladder(o)
+    recipe = recipe_of(o.rungs[-1])
+    result["decoding"] = bench_decoding_rows(o, target, recipe)
+    result["serving"] = bench_serving_rows(o)
+    return finish_provenance(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def _mb(n: int | None) -> float | None:
+    return None if n is None else n / 1e6
+
+
+def _pct(x: float | None) -> str | None:
+    return None if x is None else f"{x:.1%}"
+
+
+def ladder_table_rows(result: dict) -> list[dict]:
+    rows = []
+    for r in result["ladder"]:
+        rows.append(
+            {
+                "step": r["step"],
+                "tok_s": r["tokens_per_s"],
+                "x": f"{r['vs_baseline']:.2f}x",
+                "step_x": f"{r['vs_previous']:.2f}x",
+                "weights": _mb(r["weights_bytes"]),
+                "kv": _mb(r["kv_bytes"]),
+                "ppl": f"{r['ppl_change_pct']:+.1f}%",
+                "agree": _pct(r["agreement"]) or "= above",
+                "same": f"{r['same_outputs']}/{r['outputs']}",
+                "lossless": r["lossless"],
+            }
+        )
+    return rows
+
+
+LADDER_COLUMNS = {
+    "step": "step",
+    "tok_s": "tok/s b1",
+    "x": "vs base",
+    "step_x": "vs prev",
+    "weights": "weights MB",
+    "kv": "KV MB",
+    "ppl": "ppl change",
+    "agree": "greedy agreement",
+    "same": "same outputs",
+    "lossless": "lossless",
+}
+
+
+def format_ladder(result: dict) -> str:
+    first = result["ladder"][0]
+    title = (
+        f"1. Batch-1 generation of a {result['prompt_len']}-token prompt + {result['new_tokens']} "
+        f"tokens ({first['ran_on']}; quantized rungs in bf16), median of {result['repeats']}; "
+        f"quality on {result['quality_model']}: {describe(result)}"
+    )
+    return format_table(ladder_table_rows(result), LADDER_COLUMNS, title=title)
+
+
+def format_decoding_rows(result: dict) -> str:
+    rows = [
+        {
+            **r,
+            "x": f"{r['vs_greedy']:.2f}x",
+            "alpha": r["acceptance"],
+            "tpf": r["tokens_per_target_forward"],
+            "same": r["same_tokens_as_greedy"],
+        }
+        for r in result["decoding"]
+    ]
+    columns = {
+        "step": "step",
+        "workload": "workload",
+        "greedy_tokens_per_s": "greedy tok/s",
+        "tokens_per_s": "tok/s",
+        "x": "vs greedy",
+        "alpha": "accept",
+        "tpf": "tok/fwd",
+        "same": "same tokens",
+    }
+    title = f"2. On the trained pair: {result['decoding'][0]['ran_on']}, batch 1, compiled"
+    return format_table(rows, columns, title=title)
+
+
+def format_serving(result: dict) -> str:
+    w, slo = result["workload"], result["slo"]
+    rows = [{**r, "kv": _mb(r.get("kv_bytes"))} for r in result["serving"]]
+    columns = {
+        "step": "step",
+        "throughput": "out tok/s",
+        "good_tokens_per_s": "in-SLO tok/s",
+        "goodput_rps": "goodput req/s",
+        "ttft_p50_ms": "TTFT p50 ms",
+        "ttft_p99_ms": "p99",
+        "tpot_p50_ms": "TPOT p50 ms",
+        "tpot_p99_ms": "p99",
+        "kv": "peak KV MB",
+    }
+    title = (
+        f"3. Serving {result['quality_model']}: {w['requests']} requests at {w['rate']:g}/s (Poisson), "
+        f"a {w['system_len']}-token shared system prompt, max batch {w['max_batch']}; SLO TTFT <= "
+        f"{slo['ttft_s']:g} s, TPOT <= {1e3 * slo['tpot_s']:g} ms"
+    )
+    return format_table(rows, columns, title=title)
+
+
+def format_capstone(result: dict) -> str:
+    return "\n\n".join([format_ladder(result), format_decoding_rows(result), format_serving(result)])
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU: make gpu-check's share
+
+
+@torch.inference_mode()
+def gpu_first_rungs(deadline: float, out: dict) -> None:
+    """``make gpu-check``'s capstone section: the ladder's first two rungs (recompute, KV cache) on
+    a random Llama-3-8B in bf16 at batch 1. The compiled and quantized rungs are the check's
+    decode and compression sections (CUDA graphs); ``gpu_ladder_rows`` puts them together."""
+    from .timing import repeat
+
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    free, _ = torch.cuda.mem_get_info()
+    if free < 20e9:
+        out["skipped"] = f"needs ~17 GB free for Llama-3-8B in 16 bits, {free / 1e9:.1f} GB free"
+        return
+    model = random_model("Llama-3-8B", "cuda", dtype)
+    prompt_len, new_tokens = 64, 32
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), device="cuda")
+    out.update(model="Llama-3-8B (random weights)", dtype=str(dtype)[6:], prompt_len=prompt_len, new_tokens=new_tokens)
+    for rung in LADDER[:2]:
+        if time.monotonic() > deadline:
+            out[rung.name] = {"skipped": "time budget"}
+            continue
+        timing = repeat(partial(_generate, model, rung, ids, new_tokens), 3, "cuda")
+        tpot = statistics.median(v.tpot for v in timing.values)
+        out[rung.name] = {
+            "tokens_per_s": new_tokens / timing.median,
+            "tpot_ms": 1e3 * tpot,
+            "decode_tokens_per_s": 1 / tpot,
+        }
+
+
+# gpt-fast's order, the one the check's sections measure: compiled in 16 bits, then quantized
+GPU_STEPS = ("recompute (baseline)", "+ KV cache", "+ compiled (CUDA graphs)", "+ int8 weights", "+ int4 weights")
+
+
+def gpu_ladder_rows(gpu_check: dict) -> list[dict]:
+    """The ladder on the GPU of a saved ``make gpu-check``: decode tokens/s at batch 1 of a random
+    Llama-3-8B, each rung from the section that measured it; empty when the check has none."""
+    sections = gpu_check.get("sections", {})
+    first, decode = sections.get("capstone", {}), sections.get("decode", {})
+    graphed = {r.get("scheme"): r.get("batch_1", {}) for r in sections.get("compression", {}).get("decode", [])}
+    found = [
+        (first.get(LADDER[0].name, {}).get("decode_tokens_per_s"), "capstone (eager)"),
+        (first.get(LADDER[1].name, {}).get("decode_tokens_per_s"), "capstone (eager)"),
+        (decode.get("compiled", {}).get("tokens_per_s"), "decode (CUDA graphs)"),
+        (graphed.get("int8", {}).get("graphed_tokens_per_s"), "compression (CUDA graphs)"),
+        (_int4(graphed).get("graphed_tokens_per_s"), "compression (CUDA graphs)"),
+    ]
+    rows = [
+        {"step": step, "decode_tokens_per_s": t, "section": where} for step, (t, where) in zip(GPU_STEPS, found) if t
+    ]
+    return with_decode_ratios(rows)
+
+
+def _int4(graphed: dict) -> dict:
+    """The int4 row of the compression section (g128 when it measured several group sizes)."""
+    names = [n for n in graphed if n and n.startswith("int4")]
+    return graphed[next((n for n in names if "128" in n), names[0])] if names else {}
+
+
+def with_decode_ratios(rows: list[dict]) -> list[dict]:
+    for i, row in enumerate(rows):
+        row["vs_baseline"] = row["decode_tokens_per_s"] / rows[0]["decode_tokens_per_s"]
+        row["vs_previous"] = row["decode_tokens_per_s"] / rows[max(i - 1, 0)]["decode_tokens_per_s"]
+    return rows
+
+
+def format_gpu_ladder(gpu_check: dict) -> str | None:
+    """The GPU ladder as a table (None when the saved check has none of its rows)."""
+    rows = gpu_ladder_rows(gpu_check)
+    if not rows:
+        return None
+    shown = [{**r, "x": f"{r['vs_baseline']:.2f}x", "step_x": f"{r['vs_previous']:.2f}x"} for r in rows]
+    columns = {"step": "step", "decode_tokens_per_s": "decode tok/s", "x": "vs base", "step_x": "vs prev"}
+    columns["section"] = "gpu-check section"
+    title = f"make gpu-check: random Llama-3-8B, batch 1, bf16, on {gpu_check.get('gpu', '?')}"
+    return format_table(shown, columns, title=title)

@@ -1,0 +1,159 @@
+"""bench capstone (chapter 16's table): every lossless rung and decoding row makes exactly the
+baseline's greedy tokens; the KV bytes are the cache's formula; ratios are the rows' own figures;
+serving with prefix caching holds fewer KV blocks than without; compiled quantized decoding makes
+the tokens of its eager run; the GPU ladder is read from a saved check's sections; tables fit
+the page; bad options get one-line errors."""
+
+import pytest
+import torch
+
+from minillm.bench.capstone import (
+    GPU_STEPS,
+    LADDER,
+    OFFLINE,
+    SERVED,
+    CapstoneBench,
+    bench_capstone,
+    format_capstone,
+    format_gpu_ladder,
+    gpu_ladder_rows,
+    ladder_speed,
+)
+from minillm.bench.report import PAGE_WIDTH
+from minillm.core.config import ModelConfig
+from tests.test_cli import assert_one_line_error, run_main
+
+pytest.importorskip("httpx")
+
+TINY = ModelConfig(
+    vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=256, max_seq_len=512
+)
+QUICK = dict(
+    shape=TINY,
+    prompt_len=16,
+    new_tokens=6,
+    repeats=1,
+    decoding_prompts=1,
+    quality_prompts=2,
+    quality_windows=1,
+    requests=4,
+    rate=1000.0,  # every request at once: the batch is full from the start
+    prompt_median=8,
+    output_median=4,
+    system_len=64,
+    max_batch=4,
+    device="cpu",
+)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return bench_capstone(CapstoneBench(**QUICK, compile=False, http=True))
+
+
+def test_the_ladder_keeps_the_baselines_tokens_and_holds_the_caches_bytes(result):
+    rows = {r["step"]: r for r in result["ladder"]}
+    assert list(rows) == [r.name for r in LADDER if not r.compiled]
+    int8, int4 = rows["+ int8 weights"], rows["+ int4 weights (g128)"]
+    assert int8["agreement"] is not None and int4["agreement"] is not None  # new weights: measured
+    base, cached = rows["recompute (baseline)"], rows["+ KV cache"]
+    assert cached["same_tokens_as_baseline"] and cached["same_tokens_as_previous"]
+    assert cached["same_outputs"] == cached["outputs"] == 2
+    length = QUICK["prompt_len"] + QUICK["new_tokens"]
+    assert base["kv_bytes"] == 0
+    assert cached["kv_bytes"] == 2 * TINY.n_layers * TINY.n_kv_heads * TINY.head_dim * length * 4  # K and V, fp32
+    assert cached["ppl_change_pct"] == 0 and cached["agreement"] is None  # the same weights
+    assert cached["vs_baseline"] == pytest.approx(cached["tokens_per_s"] / base["tokens_per_s"])
+    assert base["vs_baseline"] == 1 and base["lossless"] and cached["lossless"]
+
+
+def test_decoding_rows_are_lossless_against_greedy(result):
+    spec, lookup = result["decoding"]
+    for row in (spec, lookup):
+        assert row["same_tokens_as_greedy"], row["step"]
+        assert 0 <= row["acceptance"] <= 1 and row["tokens_per_target_forward"] >= 1
+        assert row["vs_greedy"] == pytest.approx(row["tokens_per_s"] / row["greedy_tokens_per_s"])
+    assert "speculative" in spec["step"] and "lookup" in lookup["step"]
+    assert spec["weights_bytes"] > lookup["weights_bytes"]  # the draft's weights count too
+
+
+def test_serving_rows_with_prefix_caching_hold_fewer_blocks(result):
+    rows = {r["step"]: r for r in result["serving"]}
+    assert list(rows) == [name for name, *_ in SERVED] + ["+ served over HTTP", OFFLINE]
+    one, batched, prefix = (rows[name] for name, *_ in SERVED)
+    # 4 requests at once share a 64-token (4-block) system prompt: 12 blocks fewer when it is shared
+    assert prefix["kv_bytes"] < batched["kv_bytes"]
+    assert one["kv_bytes"] < batched["kv_bytes"]  # one sequence at a time holds one sequence's blocks
+    for row in rows.values():
+        assert row["throughput"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0
+        assert 0 <= row["good_tokens_per_s"] <= row["throughput"] * (1 + 1e-9) and row["goodput_rps"] >= 0
+
+
+def test_the_tables_fit_the_page(result):
+    text = format_capstone(result)
+    assert "recompute (baseline)" in text and "+ served over HTTP" in text
+    assert max(len(line) for line in text.splitlines()) <= PAGE_WIDTH
+
+
+def test_compiled_int4_decoding_makes_the_eager_int4_tokens():
+    rows = ladder_speed(CapstoneBench(**QUICK))
+    by_step = {r["step"]: r for r in rows}
+    assert list(by_step) == [r.name for r in LADDER]
+    compiled, int4, int8 = by_step["+ compiled decode"], by_step["+ int4 weights (g128)"], by_step["+ int8 weights"]
+    assert compiled["lossless"] and compiled["same_tokens_as_previous"] and compiled["compile_s"] > 0
+    assert not int4["lossless"] and not int8["lossless"] and int4["compile_s"] == 0
+    assert (
+        compiled["weights_bytes"]
+        == int4["weights_bytes"]
+        < int8["weights_bytes"]
+        < by_step["+ KV cache"]["weights_bytes"]
+    )
+    assert compiled["kv_bytes"] >= int4["kv_bytes"]  # the static cache holds its whole bucket
+
+
+def test_the_gpu_ladder_comes_from_the_checks_sections():
+    check = {
+        "gpu": "NVIDIA H200",
+        "sections": {
+            "capstone": {
+                "recompute (baseline)": {"decode_tokens_per_s": 10.0},
+                "+ KV cache": {"decode_tokens_per_s": 40.0},
+            },
+            "decode": {"compiled": {"tokens_per_s": 120.0}},
+            "compression": {
+                "decode": [
+                    {"scheme": "bfloat16", "batch_1": {"graphed_tokens_per_s": 120.0}},
+                    {"scheme": "int8", "batch_1": {"graphed_tokens_per_s": 180.0}},
+                    {"scheme": "int4-g128", "batch_1": {"graphed_tokens_per_s": 240.0}},
+                ]
+            },
+        },
+    }
+    rows = gpu_ladder_rows(check)
+    assert [r["step"] for r in rows] == list(GPU_STEPS)
+    assert [r["vs_baseline"] for r in rows] == [1.0, 4.0, 12.0, 18.0, 24.0]
+    assert rows[3]["vs_previous"] == pytest.approx(1.5)
+    assert "H200" in format_gpu_ladder(check)
+    assert gpu_ladder_rows({}) == [] and format_gpu_ladder({"sections": {}}) is None
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--shape", "no-such-model"], ["no-such-model"]),
+        (["--requests", "0"], ["requests"]),
+        (["--rate", "-1"], ["rate"]),
+    ],
+)
+def test_bad_options_get_one_line_errors(argv, words, capsys):
+    status, out, err = run_main(["bench", "capstone", "--no-save", *argv], capsys)
+    assert_one_line_error(status, err, *words)
+    assert out == ""
+
+
+def test_options_are_checked_on_construction():
+    with pytest.raises(ValueError, match="repeats"):
+        CapstoneBench(repeats=0)
+    with pytest.raises(ValueError, match="rate"):
+        CapstoneBench(rate=0.0)
+    assert CapstoneBench(device="cpu").dense_dtype == torch.float32
