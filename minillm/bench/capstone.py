@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -33,13 +32,13 @@ from ..compression import model_bytes, quantize
 from ..core.cache import KVCache
 from ..core.checkpoints import load
 from ..core.compiled import compiled_forward_for
-from ..core.config import ModelConfig, check_field_types, preset
+from ..core.config import ModelConfig, check_field_types, shape_config
 from ..core.device import best_device
 from ..core.generate import generate
 from ..core.model import Transformer, random_model
 from ..decoding.common import mean_acceptance, merged
 from ..decoding.prompt_lookup import prompt_lookup_generate
-from ..decoding.speculative import speculative_generate
+from ..decoding.speculative import predicted_speedup, speculative_generate
 from ..measure.metrics import SLO, RequestMetrics, span
 from ..measure.quality import greedy_agreement, perplexity
 from ..serving.engine import EngineConfig
@@ -48,9 +47,9 @@ from ..serving.workload import Request, chat_trace, random_prompt, requests_from
 from ..training.corpus import corpus_prompts
 from ..training.train import encode_split
 from .batching import SIGMA
-from .decoding import greedy_tokens, time_methods, tokens_and_stats
+from .decoding import greedy_tokens, measure_forward_ms, time_methods, tokens_and_stats
 from .lookup import copy_task_prompts
-from .report import describe, finish_provenance, format_table, provenance
+from .report import finish_provenance, format_table, provenance, wrap_line
 from .serve import rate_figures, run_workload, server_process, wait_healthy
 from .serving import run_measured, serving_figures
 from .timing import interleaved
@@ -92,14 +91,14 @@ class CapstoneBench:
     shape: str | ModelConfig = "SmolLM2-135M"  # (preset of) the random model of the ladder's speed
     model: str = "minillm-target"  # trained model: quality, acceptance, serving
     draft: str = "minillm-draft"  # the draft of speculative decoding (the best bundled one)
-    prompt_len: int = 64  # tokens of the ladder's prompt
-    new_tokens: int = 32  # tokens generated per run (ladder and decoding rows)
+    prompt_len: int = 48  # tokens of the ladder's prompt
+    new_tokens: int = 24  # tokens generated per run (ladder and decoding rows)
     repeats: int = 3  # timed runs of each, taking turns; the median is reported
     k: int = 4  # draft tokens per round
     decoding_prompts: int = 2  # corpus prompts (and copying prompts) of the decoding rows
     quality_prompts: int = 8  # prompts of the greedy comparisons
     quality_windows: int = 8  # validation windows of 256 tokens for perplexity
-    requests: int = 24  # requests of the serving workload
+    requests: int = 16  # requests of the serving workload
     rate: float = 4.0  # their Poisson arrivals per second
     prompt_median: float = 48  # tokens after the shared system prompt (lognormal)
     output_median: float = 32  # tokens
@@ -119,11 +118,7 @@ class CapstoneBench:
         check_field_types(self, ints=ints, numbers=("rate", "prompt_median", "output_median"))
         if self.rate <= 0 or min(self.prompt_median, self.output_median) < 1:
             raise ValueError("rate must be positive; prompt_median and output_median at least 1 token")
-        if not isinstance(self.shape, ModelConfig):
-            try:
-                self.shape = preset(self.shape)
-            except KeyError as e:
-                raise ValueError(e.args[0]) from e
+        self.shape = shape_config(self.shape)
         self.device = torch.device(self.device) if self.device is not None else best_device()
 
     @property
@@ -132,22 +127,30 @@ class CapstoneBench:
 
     @property
     def dense_dtype(self) -> torch.dtype:
-        """16-bit on a GPU; fp32 on a CPU, where bf16 matmuls without packed weights are slow."""
+        """16-bit on a GPU (fp16 where bf16 is not native, a T4); fp32 on a CPU, where bf16
+        matmuls without packed weights are slow."""
+        if self.device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         return torch.float32 if self.device.type == "cpu" else torch.bfloat16
+
+    @property
+    def quantized_dtype(self) -> torch.dtype:
+        """What a quantized model computes in: bf16 on a CPU (PyTorch's packed int8/int4 CPU
+        kernels are fast in bf16 only), the 16-bit type elsewhere."""
+        return torch.bfloat16 if self.device.type == "cpu" else self.dense_dtype
 
 
 # ---------------------------------------------------------------------------------------------
 # The ladder: batch 1 on a true-size model
 
 
-def rung_models(base: Transformer, rungs: tuple[Rung, ...]) -> dict[str, Transformer]:
+def rung_models(base: Transformer, rungs: tuple[Rung, ...], dtype: torch.dtype) -> dict[str, Transformer]:
     """The model of each rung: ``base`` itself for 16/32-bit weights, else one quantized copy per
-    scheme (shared by the rungs that store it so), in bf16: the packed int8/int4 kernels compute
-    in bf16."""
+    scheme (shared by the rungs that store it so), computing in ``dtype``."""
     stored: dict[tuple, Transformer] = {(None, None): base}
     for rung in rungs:
         if rung.weights not in stored:
-            stored[rung.weights] = quantize(copy.deepcopy(base).bfloat16(), rung.scheme, rung.group)
+            stored[rung.weights] = quantize(copy.deepcopy(base).to(dtype), rung.scheme, rung.group)
     return {rung.name: stored[rung.weights] for rung in rungs}
 
 
@@ -161,7 +164,8 @@ def kv_bytes(model: Transformer, rung: Rung, length: int) -> int:
     return KVCache.for_model(model, 1, length).nbytes
 
 
-def _generate(model: Transformer, rung: Rung, ids, new_tokens: int):
+def generate_as(model: Transformer, rung: Rung, ids, new_tokens: int):
+    """Greedy generation the way ``rung`` generates (recomputing, cached, or compiled)."""
     return generate(model, ids, new_tokens, eos_token_id=None, use_cache=rung.cache, compile=rung.compiled)
 
 
@@ -172,11 +176,11 @@ def ladder_speed(o: CapstoneBench) -> list[dict]:
     previous rung's (a lossless step must make the same)."""
     base = random_model(o.shape, o.device, o.dense_dtype, seed=o.seed)
     ids = torch.randint(0, o.shape.vocab_size, (1, o.prompt_len), generator=torch.Generator().manual_seed(o.seed))
-    models = rung_models(base, o.rungs)
+    models = rung_models(base, o.rungs, o.quantized_dtype)
     length = o.prompt_len + o.new_tokens
     # compiled before the timer starts; the seconds it took are reported apart
     compile_s = {r.name: compiled_forward_for(models[r.name], 1, length).warmup(1) for r in o.rungs if r.compiled}
-    runs = {r.name: partial(_generate, models[r.name], r, ids.to(o.device), o.new_tokens) for r in o.rungs}
+    runs = {r.name: partial(generate_as, models[r.name], r, ids.to(o.device), o.new_tokens) for r in o.rungs}
     timings = interleaved(runs, o.repeats, o.device, progress="ladder" if o.progress else None)
     tokens = {r.name: timings[r.name].values[0].tokens[0].tolist() for r in o.rungs}
     rows = []
@@ -218,9 +222,9 @@ def ladder_quality(o: CapstoneBench) -> tuple[list[dict], dict[str, Transformer]
     reference, tokenizer = load(o.model, device=o.device, dtype=torch.float32)
     valid = encode_split(tokenizer, "valid")
     prompts = corpus_prompts(tokenizer, o.quality_prompts, 32)
-    models = rung_models(reference, o.rungs)
+    models = rung_models(reference, o.rungs, o.quantized_dtype)
     outputs = {
-        r.name: [_generate(models[r.name], r, p, o.new_tokens).tokens[0].tolist() for p in prompts] for r in o.rungs
+        r.name: [generate_as(models[r.name], r, p, o.new_tokens).tokens[0].tolist() for p in prompts] for r in o.rungs
     }
     baseline = outputs[LADDER[0].name]
     base_ppl = perplexity(reference, valid, 256, o.quality_windows)
@@ -302,11 +306,43 @@ def bench_decoding_rows(o: CapstoneBench, target: Transformer, recipe: str) -> l
                 "acceptance": mean_acceptance(stats),
                 "tokens_per_target_forward": stats.tokens_per_target_forward,
                 "same_tokens_as_greedy": timed[name]["tokens"] == timed["greedy"]["tokens"],
+                "first_difference": first_difference(target, prompts, timed["greedy"]["tokens"], timed[name]["tokens"]),
                 "weights_bytes": model_bytes(target) + (model_bytes(draft) if "speculative" in name else 0),
                 "lossless": True,
             }
         )
+    rows[0].update(draft_costs(target, draft, o.k, rows[0]["acceptance"]))
     return rows
+
+
+@torch.inference_mode()
+def first_difference(target: Transformer, prompts, greedy: list, other: list) -> dict | None:
+    """Where ``other``'s tokens first leave greedy decoding's (None if nowhere), and how far apart
+    the target's two best logits are there (one plain forward): a gap of one rounding step of
+    the model's dtype is a near-tie that a forward over several positions can round the other
+    way, as 16-bit verification does; exact arithmetic would keep it."""
+    for prompt, a, b in zip(prompts, greedy, other):
+        at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if at is None:
+            continue
+        ids = torch.tensor([list(prompt) + a[:at]], device=target.device)
+        top2 = target(ids)[0, -1].float().topk(2).values
+        return {"prompt": prompts.index(prompt), "position": at, "top2_gap": (top2[0] - top2[1]).item()}
+    return None
+
+
+def draft_costs(target: Transformer, draft: Transformer, k: int, alpha: float) -> dict:
+    """What a draft forward costs against a target forward here (eager forwards of one token after
+    64, fastest of 5), and the speedup chapter 7's formula predicts from it and the measured
+    acceptance: speculative decoding pays only when the draft is cheap next to the target."""
+    target_ms = measure_forward_ms(target, (1, k + 1), repeats=5)
+    draft_ms = measure_forward_ms(draft, (1,), repeats=5)[1]
+    return {
+        "target_ms": target_ms[1],
+        "draft_ms": draft_ms,
+        "draft_cost_ratio": draft_ms / target_ms[1],
+        "predicted_vs_greedy": predicted_speedup(alpha, k, draft_ms, target_ms),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,6 +453,10 @@ def http_row(o: CapstoneBench, requests: list) -> dict:
 # All of it
 
 
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def recipe_of(rung: Rung) -> str:
     """What a rung's model and generation carry, e.g. 'KV cache, int4 g128, compiled'."""
     parts = ["KV cache"] if rung.cache else ["recompute"]
@@ -431,7 +471,7 @@ def bench_capstone(o: CapstoneBench | None = None) -> dict:
     result = provenance(
         o.device,
         model=f"random {o.shape.name} (speed), {o.model} (quality, decoding, serving)",
-        dtype=f"{str(o.dense_dtype).removeprefix('torch.')}; bfloat16 when quantized",
+        dtype=f"{_name(o.dense_dtype)}; {_name(o.quantized_dtype)} when quantized",
         shape=o.shape.name,
         quality_model=o.model,
         draft=o.draft,
@@ -502,13 +542,32 @@ LADDER_COLUMNS = {
 
 
 def format_ladder(result: dict) -> str:
-    first = result["ladder"][0]
     title = (
         f"1. Batch-1 generation of a {result['prompt_len']}-token prompt + {result['new_tokens']} "
-        f"tokens ({first['ran_on']}; quantized rungs in bf16), median of {result['repeats']}; "
-        f"quality on {result['quality_model']}: {describe(result)}"
+        f"tokens (random {result['shape']}, {result['dtype']}), median of {result['repeats']}; "
+        f"quality on {result['quality_model']}; {result['hardware']}"
     )
     return format_table(ladder_table_rows(result), LADDER_COLUMNS, title=title)
+
+
+def format_live_vs_saved(live: list[dict], saved: dict | None) -> str:
+    """A live ``ladder_speed`` beside a saved run's ladder: each rung's speedup over the baseline
+    here and there (the ratios should agree where the hardware does; absolute tokens/s need not)."""
+    theirs = {r["step"]: r for r in (saved or {}).get("ladder", [])}
+    rows = [
+        {
+            "step": r["step"],
+            "tok_s": r["tokens_per_s"],
+            "x": f"{r['vs_baseline']:.2f}x",
+            "saved_x": f"{theirs[r['step']]['vs_baseline']:.2f}x" if r["step"] in theirs else None,
+            "same": r["same_tokens_as_previous"] if r["lossless"] else None,
+        }
+        for r in live
+    ]
+    columns = {"step": "step", "tok_s": "tok/s here", "x": "vs base here", "saved_x": "vs base, saved"}
+    columns["same"] = "tokens = row above"
+    where = f"; saved: {saved['hardware']}, {saved['date']}" if saved else ""
+    return format_table(rows, columns, title=f"Live, {live[0]['ran_on']}, batch 1{where}")
 
 
 def format_decoding_rows(result: dict) -> str:
@@ -532,8 +591,26 @@ def format_decoding_rows(result: dict) -> str:
         "tpf": "tok/fwd",
         "same": "same tokens",
     }
-    title = f"2. On the trained pair: {result['decoding'][0]['ran_on']}, batch 1, compiled"
-    return format_table(rows, columns, title=title)
+    title = f"2. On the trained pair: {result['decoding'][0]['ran_on']}, batch 1"
+    text = format_table(rows, columns, title=title)
+    spec = result["decoding"][0]
+    if "draft_cost_ratio" in spec:
+        note = (
+            f"A draft forward costs {spec['draft_cost_ratio']:.2f} of a target forward here ({spec['draft_ms']:.2f} "
+            f"vs {spec['target_ms']:.2f} ms, eager); chapter 7's formula with the measured acceptance "
+            f"predicts {spec['predicted_vs_greedy']:.2f}x."
+        )
+        text += "\n" + "\n".join(wrap_line(note))
+    for r in result["decoding"]:
+        d = r.get("first_difference")
+        if d:
+            note = (
+                f"{r['step'].removeprefix('+ ')}: tokens leave greedy's at position {d['position']} of prompt "
+                f"{d['prompt']}, where the target's two best logits are {d['top2_gap']:.4f} apart: a tie (or "
+                "near-tie) that a forward over several positions can round the other way in 16 bits."
+            )
+            text += "\n" + "\n".join(wrap_line(note))
+    return text
 
 
 def format_serving(result: dict) -> str:
@@ -563,36 +640,7 @@ def format_capstone(result: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# On a GPU: make gpu-check's share
-
-
-@torch.inference_mode()
-def gpu_first_rungs(deadline: float, out: dict) -> None:
-    """``make gpu-check``'s capstone section: the ladder's first two rungs (recompute, KV cache) on
-    a random Llama-3-8B in bf16 at batch 1. The compiled and quantized rungs are the check's
-    decode and compression sections (CUDA graphs); ``gpu_ladder_rows`` puts them together."""
-    from .timing import repeat
-
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-    free, _ = torch.cuda.mem_get_info()
-    if free < 20e9:
-        out["skipped"] = f"needs ~17 GB free for Llama-3-8B in 16 bits, {free / 1e9:.1f} GB free"
-        return
-    model = random_model("Llama-3-8B", "cuda", dtype)
-    prompt_len, new_tokens = 64, 32
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), device="cuda")
-    out.update(model="Llama-3-8B (random weights)", dtype=str(dtype)[6:], prompt_len=prompt_len, new_tokens=new_tokens)
-    for rung in LADDER[:2]:
-        if time.monotonic() > deadline:
-            out[rung.name] = {"skipped": "time budget"}
-            continue
-        timing = repeat(partial(_generate, model, rung, ids, new_tokens), 3, "cuda")
-        tpot = statistics.median(v.tpot for v in timing.values)
-        out[rung.name] = {
-            "tokens_per_s": new_tokens / timing.median,
-            "tpot_ms": 1e3 * tpot,
-            "decode_tokens_per_s": 1 / tpot,
-        }
+# On a GPU: the ladder from make gpu-check's sections (its capstone section is in bench.gpu)
 
 
 # gpt-fast's order, the one the check's sections measure: compiled in 16 bits, then quantized

@@ -26,7 +26,7 @@ from ..compression.quant import QuantizedLinear, QuantSpec, quantized_layers
 from ..compression.structured import prune_structured
 from ..core.cache import KVCache
 from ..core.checkpoints import load
-from ..core.config import ModelConfig, preset
+from ..core.config import ModelConfig, shape_config
 from ..core.device import best_device
 from ..core.model import Transformer, random_model
 from ..measure.quality import greedy_agreement, logit_difference, perplexity
@@ -115,11 +115,7 @@ class CompressionBench:
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"{name} must be positive integers, got {list(values)}")
             setattr(self, name, values)
-        if not isinstance(self.shape, ModelConfig):
-            try:
-                self.shape = preset(self.shape)
-            except KeyError as e:
-                raise ValueError(e.args[0]) from e
+        self.shape = shape_config(self.shape)
         self.device = torch.device(self.device) if self.device is not None else best_device()
 
 

@@ -35,10 +35,12 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import time
 import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -48,14 +50,14 @@ from ..core.device import hardware_description
 from ..core.model import random_model
 from ..kv.static import StaticDecodeCache
 from ..measure.roofline import DATASHEETS
-from .capstone import gpu_first_rungs
+from .capstone import LADDER, generate_as
 from .gpu_compression import compression_speed
 from .gpu_disagg import disagg_steps
 from .gpu_kernels import GOALS, SectionTimeout, attention_speed, check_correctness, paged_bandwidth
 from .gpu_parallel import tp_shard_decode
 from .report import gpu_slug, result_path
 from .roofline import measure_bandwidth
-from .timing import timed
+from .timing import repeat, timed
 
 SECTION_LIMITS_S = {  # 479 s in all: under 8 minutes
     "correctness": 60,
@@ -111,14 +113,23 @@ def _decode_tokens_per_s(step: Callable, steps: int) -> float:
     return steps / seconds
 
 
-def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
-    """Batch-1 greedy decode of a random Llama-3-8B-shaped model: eager vs torch.compile + CUDA graphs."""
+def llama3_8b(out: dict):
+    """A random Llama-3-8B in bf16 (fp16 where bf16 is not native) on the GPU, or None with the
+    reason in ``out["skipped"]`` when it would not fit."""
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     free, _ = torch.cuda.mem_get_info()
     if free < 20e9:
         out["skipped"] = f"needs ~17 GB free for Llama-3-8B in 16 bits, {free / 1e9:.1f} GB free"
+        return None
+    return random_model("Llama-3-8B", "cuda", dtype)
+
+
+def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
+    """Batch-1 greedy decode of a random Llama-3-8B-shaped model: eager vs torch.compile + CUDA graphs."""
+    model = llama3_8b(out)
+    if model is None:
         return
-    model = random_model("Llama-3-8B", "cuda", dtype)
+    dtype = model.dtype
     max_len, steps = 512, 64
     cache = StaticDecodeCache(model.config, 1, max_len, dtype)
     embed = model.embed_tokens.weight
@@ -171,6 +182,31 @@ def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
                 break
     mbu = out.get("compiled", {}).get("mbu")
     out["goal"].update(mbu=mbu, met=mbu is not None and mbu >= 0.6)
+
+
+@torch.inference_mode()
+def gpu_first_rungs(deadline: float, out: dict) -> None:
+    """``make gpu-check``'s capstone section: the ladder's first two rungs (recompute, KV cache) on
+    a random Llama-3-8B in bf16 at batch 1. The compiled and quantized rungs are the check's
+    decode and compression sections (CUDA graphs); ``gpu_ladder_rows`` puts them together."""
+    model = llama3_8b(out)
+    if model is None:
+        return
+    dtype = model.dtype
+    prompt_len, new_tokens = 64, 32
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), device="cuda")
+    out.update(model="Llama-3-8B (random weights)", dtype=str(dtype)[6:], prompt_len=prompt_len, new_tokens=new_tokens)
+    for rung in LADDER[:2]:
+        if time.monotonic() > deadline:
+            out[rung.name] = {"skipped": "time budget"}
+            continue
+        timing = repeat(partial(generate_as, model, rung, ids, new_tokens), 3, "cuda")
+        tpot = statistics.median(v.tpot for v in timing.values)
+        out[rung.name] = {
+            "tokens_per_s": new_tokens / timing.median,
+            "tpot_ms": 1e3 * tpot,
+            "decode_tokens_per_s": 1 / tpot,
+        }
 
 
 def run_section(report: dict, name: str, fn: Callable[[float, dict], None], out_path: Path) -> None:

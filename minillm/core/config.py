@@ -301,6 +301,17 @@ def preset(name: str, **overrides) -> ModelConfig:
     return by_lower[name.lower()].replace(**overrides)
 
 
+def shape_config(shape: str | ModelConfig) -> ModelConfig:
+    """An options field that takes a preset's name or a config: the config, or a ValueError naming
+    the known presets."""
+    if isinstance(shape, ModelConfig):
+        return shape
+    try:
+        return preset(shape)
+    except KeyError as e:
+        raise ValueError(e.args[0]) from e
+
+
 def ceil_div(n: int, d: int) -> int:
     """How many pieces of size ``d`` hold ``n`` items (the one spelling of ceiling division):
     blocks for tokens, cache groups for layers, grid rows for panels."""

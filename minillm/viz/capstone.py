@@ -13,15 +13,14 @@ from .style import require_keys
 
 
 def _ladder_label(row: Mapping) -> str:
-    quality = "lossless" if row.get("lossless") else f"ppl {row['ppl_change_pct']:+.1f}%"
-    return f"{row['vs_baseline']:.1f}x  ({quality})"
+    return f"{row['vs_baseline']:.1f}x, perplexity {row['ppl_change_pct']:+.1f}%"
 
 
 def plot_ladder(rows: Sequence[Mapping], title: str = "", gpu_rows: Sequence[Mapping] = ()):
-    """Horizontal bars of batch-1 tokens/s, the baseline on top and each rung below it; the label
-    at each bar's end is its speedup over the baseline and its perplexity change (the lossless
-    rungs make the baseline's tokens). ``gpu_rows`` (``bench.capstone.gpu_ladder_rows``) adds a
-    panel of a saved GPU run beside it."""
+    """Horizontal bars of batch-1 tokens/s, the baseline on top and each rung below it. The label
+    at each bar's end is its speedup over the baseline and the perplexity change of its weights;
+    blue steps are lossless (the row above's tokens), orange ones change the weights.
+    ``gpu_rows`` (``bench.capstone.gpu_ladder_rows``) adds a panel of a saved GPU run beside it."""
     require_keys(rows, ("step", "tokens_per_s", "vs_baseline"), "plot_ladder")
     panels = [(rows, "tokens_per_s", "tokens/s at batch 1 (prompt included)", "this machine (saved run)")]
     if gpu_rows:
@@ -42,6 +41,9 @@ def plot_ladder(rows: Sequence[Mapping], title: str = "", gpu_rows: Sequence[Map
         ax.set_xlim(0, 1.45 * max(values))
         ax.set_xlabel(xlabel)
         ax.set_title(where, fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:gray", "tab:blue", "tab:orange")]
+    labels = ["baseline", "lossless step", "lossy step (weights changed)"]
+    axes[0][0].legend(handles, labels, fontsize=8, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -14,6 +14,7 @@ from minillm.bench.capstone import (
     SERVED,
     CapstoneBench,
     bench_capstone,
+    first_difference,
     format_capstone,
     format_gpu_ladder,
     gpu_ladder_rows,
@@ -21,6 +22,7 @@ from minillm.bench.capstone import (
 )
 from minillm.bench.report import PAGE_WIDTH
 from minillm.core.config import ModelConfig
+from minillm.core.model import random_model
 from tests.test_cli import assert_one_line_error, run_main
 
 pytest.importorskip("httpx")
@@ -70,11 +72,22 @@ def test_the_ladder_keeps_the_baselines_tokens_and_holds_the_caches_bytes(result
 def test_decoding_rows_are_lossless_against_greedy(result):
     spec, lookup = result["decoding"]
     for row in (spec, lookup):
-        assert row["same_tokens_as_greedy"], row["step"]
+        assert row["same_tokens_as_greedy"] and row["first_difference"] is None, row["step"]
         assert 0 <= row["acceptance"] <= 1 and row["tokens_per_target_forward"] >= 1
         assert row["vs_greedy"] == pytest.approx(row["tokens_per_s"] / row["greedy_tokens_per_s"])
     assert "speculative" in spec["step"] and "lookup" in lookup["step"]
     assert spec["weights_bytes"] > lookup["weights_bytes"]  # the draft's weights count too
+
+
+def test_first_difference_names_the_position_and_the_targets_top_two_gap():
+    model = random_model(TINY, seed=1)
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    greedy = [[7, 8, 9], [10, 11, 12]]
+    assert first_difference(model, prompts, greedy, greedy) is None
+    d = first_difference(model, prompts, greedy, [[7, 8, 9], [10, 99, 12]])
+    logits = model(torch.tensor([[4, 5, 6, 10]]))[0, -1]
+    top2 = logits.topk(2).values
+    assert d == {"prompt": 1, "position": 1, "top2_gap": pytest.approx((top2[0] - top2[1]).item())}
 
 
 def test_serving_rows_with_prefix_caching_hold_fewer_blocks(result):

@@ -30,6 +30,19 @@ def test_toc_lists_exactly_the_chapters_and_exercises_that_exist():
         assert (ROOT / f"{f}.md").is_file(), f"{f} is in _toc.yml but does not exist"
 
 
+def test_the_book_has_sixteen_chapters_in_six_parts_each_with_exercises():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    parts = {p["caption"]: [c["file"] for c in p["chapters"]] for p in toc["parts"]}
+    numbered = [caption for caption in parts if caption.startswith("Part ")]
+    assert [c.split(":")[0] for c in numbered] == [f"Part {n}" for n in ("I", "II", "III", "IV", "V", "VI")]
+    chapters = [f for caption in numbered for f in parts[caption]]
+    assert [int(Path(f).name[:2]) for f in chapters] == list(range(1, 17))
+    assert parts["Exercises"] == [f.replace("chapters/", "exercises/") for f in chapters]
+    intro = (ROOT / "book" / "intro.md").read_text()
+    for f in chapters:  # the introduction's parts list names every chapter
+        assert f"../{f}.ipynb" in intro, f
+
+
 def test_links_follow_the_repository_in_config():
     repo, branch = links.repository(ROOT / "_config.yml")
     for path in NOTEBOOKS:
