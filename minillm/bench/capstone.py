@@ -50,6 +50,7 @@ from .batching import SIGMA
 from .decoding import greedy_tokens, measure_forward_ms, time_methods, tokens_and_stats
 from .lookup import copy_task_prompts
 from .report import finish_provenance, format_table, provenance, wrap_line
+from .roofline import measure_bandwidth
 from .serve import rate_figures, run_workload, server_process, wait_healthy
 from .serving import run_measured, serving_figures
 from .timing import interleaved
@@ -488,6 +489,8 @@ def bench_capstone(o: CapstoneBench | None = None) -> dict:
         },
         slo={"ttft_s": o.slo.ttft, "tpot_s": o.slo.tpot},
     )
+    # what one core streams, the yardstick of a decode step's weight reads (section 16.3)
+    result["copy_GB_s"] = measure_bandwidth(o.device, megabytes=128) / 1e9
     result["ladder"], target = bench_ladder(o)
     recipe = recipe_of(o.rungs[-1])
     result["decoding"] = bench_decoding_rows(o, target, recipe)
@@ -548,6 +551,26 @@ def format_ladder(result: dict) -> str:
         f"quality on {result['quality_model']}; {result['hardware']}"
     )
     return format_table(ladder_table_rows(result), LADDER_COLUMNS, title=title)
+
+
+def step_split(result: dict) -> list[dict]:
+    """Each cached rung's time per token beside its weights' bytes read at the copy bandwidth
+    measured in the same run; the rest is everything else the step does (the KV cache,
+    element-wise work, launching, matmul work the memory does not bound)."""
+    rows = []
+    for r in result["ladder"]:
+        if r["kv_bytes"] == 0:  # recomputing: a step is a whole forward, not a decode step
+            continue
+        weights_ms = 1e3 * r["weights_bytes"] / (1e9 * result["copy_GB_s"])
+        rows.append({"step": r["step"], "step_ms": r["tpot_ms"], "weights_ms": weights_ms})
+        rows[-1]["rest_ms"] = r["tpot_ms"] - weights_ms
+    return rows
+
+
+def format_step_split(result: dict) -> str:
+    columns = {"step": "step", "step_ms": "ms per token", "weights_ms": "weights at copy speed", "rest_ms": "rest"}
+    title = f"Where a decode step goes: weights read at {result['copy_GB_s']:.1f} GB/s (a copy, same run)"
+    return format_table(step_split(result), columns, title=title)
 
 
 def format_live_vs_saved(live: list[dict], saved: dict | None) -> str:

@@ -17,8 +17,10 @@ from minillm.bench.capstone import (
     first_difference,
     format_capstone,
     format_gpu_ladder,
+    format_step_split,
     gpu_ladder_rows,
     ladder_speed,
+    step_split,
 )
 from minillm.bench.report import PAGE_WIDTH
 from minillm.core.config import ModelConfig
@@ -102,8 +104,19 @@ def test_serving_rows_with_prefix_caching_hold_fewer_blocks(result):
         assert 0 <= row["good_tokens_per_s"] <= row["throughput"] * (1 + 1e-9) and row["goodput_rps"] >= 0
 
 
+def test_the_step_split_is_the_step_minus_the_weights_at_copy_speed(result):
+    rows = step_split(result)
+    cached = [r for r in result["ladder"] if r["kv_bytes"]]
+    assert [r["step"] for r in rows] == [r["step"] for r in cached]  # recomputing has no decode step
+    for split, r in zip(rows, cached):
+        weights_ms = 1e3 * r["weights_bytes"] / (1e9 * result["copy_GB_s"])
+        assert split["weights_ms"] == pytest.approx(weights_ms)
+        assert split["rest_ms"] == pytest.approx(r["tpot_ms"] - weights_ms)
+    assert result["copy_GB_s"] > 0
+
+
 def test_the_tables_fit_the_page(result):
-    text = format_capstone(result)
+    text = format_capstone(result) + "\n" + format_step_split(result)
     assert "recompute (baseline)" in text and "+ served over HTTP" in text
     assert max(len(line) for line in text.splitlines()) <= PAGE_WIDTH
 
