@@ -43,7 +43,7 @@ def plot_ladder(rows: Sequence[Mapping], title: str = "", gpu_rows: Sequence[Map
         ax.set_title(where, fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:gray", "tab:blue", "tab:orange")]
     labels = ["baseline", "lossless step", "lossy step (weights changed)"]
-    axes[0][0].legend(handles, labels, fontsize=8, loc="lower right")
+    axes[0][0].legend(handles, labels, fontsize=8, loc="upper right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -61,12 +61,12 @@ def plot_serving(rows: Sequence[Mapping], title: str = ""):
     ax1.barh(y - h / 2, [r["good_tokens_per_s"] for r in rows], h, color="tab:green", label="within the SLO")
     ax1.set_yticks(y, [r["step"] for r in rows], fontsize=9)
     ax1.set_xlabel("output tokens/s")
-    ax1.legend(fontsize=8, loc="lower right")
+    ax1.legend(fontsize=8, loc="upper right")
     ax2.barh(y + h / 2, [r["ttft_p50_ms"] for r in rows], h, color="tab:blue", label="TTFT p50")
     ax2.barh(y - h / 2, [r["ttft_p99_ms"] for r in rows], h, color="tab:red", label="TTFT p99")
     ax2.set_xscale("log")
     ax2.set_xlabel("time to first token, ms (log)")
-    ax2.legend(fontsize=8, loc="lower right")
+    ax2.legend(fontsize=8, loc="center right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
