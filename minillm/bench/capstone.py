@@ -1,12 +1,13 @@
 """Chapter 16's table: one model from the plain baseline to every technique of the book stacked,
 a row at a time (``python -m minillm bench capstone``), the way the gpt-fast write-up took
-Llama-7B from 25.5 to 244.7 tokens/s on one A100 {cite}`pytorch2023gptfast`.
+Llama-7B from 25.5 to 244.7 tokens/s on A100s (PyTorch team, 2023: ``gptfast2023`` in the book's
+references).
 
 Three parts, each measured side by side (``timing.interleaved``) on what it needs:
 
 - ``ladder``: batch-1 generation of a true-size random-weight model (speed does not depend on
-  the weights' values): recompute everything each step -> KV cache -> compiled decode over a
-  static cache -> int8 weights -> int4 weights. Each rung's quality is measured on the bundled
+  the weights' values): recompute everything each step -> KV cache -> int8 weights -> int4
+  weights -> compiled decode over a static cache. Each rung's quality is measured on the bundled
   trained model with the same recipe: perplexity, greedy agreement (teacher-forced, chapter 12's
   measure) and how many greedy outputs equal the baseline's token for token;
 - ``decoding``: on the bundled trained pair (acceptance depends on trained weights), the last
@@ -32,7 +33,7 @@ from ..compression import model_bytes, quantize
 from ..core.cache import KVCache
 from ..core.checkpoints import load
 from ..core.compiled import compiled_forward_for
-from ..core.config import ModelConfig, check_field_types, shape_config
+from ..core.config import ModelConfig, check_field_types, preset, shape_config
 from ..core.device import best_device
 from ..core.generate import generate
 from ..core.model import Transformer, random_model
@@ -203,6 +204,8 @@ def ladder_speed(o: CapstoneBench) -> list[dict]:
                 "lossless": rung.lossless,
             }
         )
+    for row in rows:
+        row["streamed_bytes"] = streamed_bytes(row, o.shape)
     return with_ratios(rows)
 
 
@@ -522,7 +525,7 @@ def ladder_table_rows(result: dict) -> list[dict]:
                 "weights": _mb(r["weights_bytes"]),
                 "kv": _mb(r["kv_bytes"]),
                 "ppl": f"{r['ppl_change_pct']:+.1f}%",
-                "agree": _pct(r["agreement"]) or "= above",
+                "agree": _pct(r["agreement"]) or ("= above" if rows else "(baseline)"),
                 "same": f"{r['same_outputs']}/{r['outputs']}",
                 "lossless": r["lossless"],
             }
@@ -553,22 +556,34 @@ def format_ladder(result: dict) -> str:
     return format_table(ladder_table_rows(result), LADDER_COLUMNS, title=title)
 
 
+def streamed_bytes(row: dict, config: ModelConfig) -> int:
+    """The weight bytes a decode step reads: all of them, except that a quantized model whose
+    head was tied to its embedding keeps a 16-bit embedding table beside the quantized head, and
+    a step only looks up one row of that table."""
+    rung = next(r for r in LADDER if r.name == row["step"])
+    if rung.scheme is None or not config.tie_embeddings:
+        return row["weights_bytes"]
+    return row["weights_bytes"] - config.vocab_size * config.dim * 2
+
+
 def step_split(result: dict) -> list[dict]:
-    """Each cached rung's time per token beside its weights' bytes read at the copy bandwidth
-    measured in the same run; the rest is everything else the step does (the KV cache,
-    element-wise work, launching, matmul work the memory does not bound)."""
+    """Each cached rung's time per token beside the weights it streams, read at the copy
+    bandwidth measured in the same run; the rest is everything else the step does (the KV
+    cache, element-wise work, launching, matmul arithmetic the memory does not bound)."""
     rows = []
     for r in result["ladder"]:
         if r["kv_bytes"] == 0:  # recomputing: a step is a whole forward, not a decode step
             continue
-        weights_ms = 1e3 * r["weights_bytes"] / (1e9 * result["copy_GB_s"])
+        streamed = r.get("streamed_bytes") or streamed_bytes(r, preset(result["shape"]))  # runs before the field
+        weights_ms = 1e3 * streamed / (1e9 * result["copy_GB_s"])
         rows.append({"step": r["step"], "step_ms": r["tpot_ms"], "weights_ms": weights_ms})
         rows[-1]["rest_ms"] = r["tpot_ms"] - weights_ms
     return rows
 
 
 def format_step_split(result: dict) -> str:
-    columns = {"step": "step", "step_ms": "ms per token", "weights_ms": "weights at copy speed", "rest_ms": "rest"}
+    columns = {"step": "step", "step_ms": "ms per token", "weights_ms": "weights streamed at copy speed"}
+    columns["rest_ms"] = "rest"
     title = f"Where a decode step goes: weights read at {result['copy_GB_s']:.1f} GB/s (a copy, same run)"
     return format_table(step_split(result), columns, title=title)
 
@@ -582,15 +597,18 @@ def format_live_vs_saved(live: list[dict], saved: dict | None) -> str:
             "step": r["step"],
             "tok_s": r["tokens_per_s"],
             "x": f"{r['vs_baseline']:.2f}x",
+            "step_x": f"{r['vs_previous']:.2f}x",
             "saved_x": f"{theirs[r['step']]['vs_baseline']:.2f}x" if r["step"] in theirs else None,
+            "saved_step_x": f"{theirs[r['step']]['vs_previous']:.2f}x" if r["step"] in theirs else None,
             "same": r["same_tokens_as_previous"] if r["lossless"] else None,
         }
         for r in live
     ]
-    columns = {"step": "step", "tok_s": "tok/s here", "x": "vs base here", "saved_x": "vs base, saved"}
-    columns["same"] = "tokens = row above"
+    columns = {"step": "step", "tok_s": "tok/s here", "x": "vs base", "step_x": "vs prev"}
+    columns |= {"saved_x": "saved: vs base", "saved_step_x": "vs prev", "same": "tokens = row above"}
     where = f"; saved: {saved['hardware']}, {saved['date']}" if saved else ""
-    return format_table(rows, columns, title=f"Live, {live[0]['ran_on']}, batch 1{where}")
+    shape = live[0]["ran_on"].split(",")[0]
+    return format_table(rows, columns, title=f"Live, {shape} (quantized rungs in bf16), batch 1{where}")
 
 
 def format_decoding_rows(result: dict) -> str:

@@ -30,7 +30,15 @@ from tests.test_cli import assert_one_line_error, run_main
 pytest.importorskip("httpx")
 
 TINY = ModelConfig(
-    vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=256, max_seq_len=512
+    vocab_size=512,
+    dim=128,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=32,
+    ffn_dim=256,
+    max_seq_len=512,
+    tie_embeddings=True,
 )
 QUICK = dict(
     shape=TINY,
@@ -109,10 +117,16 @@ def test_the_step_split_is_the_step_minus_the_weights_at_copy_speed(result):
     cached = [r for r in result["ladder"] if r["kv_bytes"]]
     assert [r["step"] for r in rows] == [r["step"] for r in cached]  # recomputing has no decode step
     for split, r in zip(rows, cached):
-        weights_ms = 1e3 * r["weights_bytes"] / (1e9 * result["copy_GB_s"])
+        weights_ms = 1e3 * r["streamed_bytes"] / (1e9 * result["copy_GB_s"])
         assert split["weights_ms"] == pytest.approx(weights_ms)
         assert split["rest_ms"] == pytest.approx(r["tpot_ms"] - weights_ms)
     assert result["copy_GB_s"] > 0
+    by_step = {r["step"]: r for r in cached}
+    # a tied head quantized beside its 16-bit embedding: the table is looked up, not streamed
+    embedding = TINY.vocab_size * TINY.dim * 2
+    assert by_step["+ KV cache"]["streamed_bytes"] == by_step["+ KV cache"]["weights_bytes"]
+    int8 = by_step["+ int8 weights"]
+    assert int8["streamed_bytes"] == int8["weights_bytes"] - embedding
 
 
 def test_the_tables_fit_the_page(result):

@@ -33,6 +33,10 @@ PROFILES = [  # (changes to FINE, the answer, why)
     ({"kv_bytes_needed": 20 * GB, "ttft_p99_s": 3.0}, "paged KV + GQA", "memory first: nothing runs without it"),
     ({"shared_prefix_tokens": 900, "ttft_p99_s": 3.0}, "prefix caching", "a shared prefix also cuts the TTFT"),
     ({"ttft_p99_s": 3.0, "decode_bytes_per_s": 0.1 * 300 * GB}, "chunked prefill", "the SLO is broken: latency"),
+    ({"shared_prefix_tokens": 800, "kv_bytes_needed": 20 * GB}, "paged KV + GQA", "fit the cache before reusing it"),
+    ({"shared_prefix_tokens": 800, "weights_bytes": 40 * GB}, "tensor parallelism", "fit the model first"),
+    ({"shared_prefix_tokens": 500}, "prefix caching", "exactly half of every prompt is shared: at least half"),
+    ({"decode_bytes_per_s": 0.5 * 300 * GB}, "quantize weights", "exactly half the bandwidth is not under half"),
 ]
 
 
@@ -90,7 +94,7 @@ def check_row_costs(fn: Callable) -> None:
         want = tuple(price / (row[k] * 3600) * 1e6 for k in ("throughput", "good_tokens_per_s"))
         got = fn(dict(row), price)
         hint = f"{row} at ${price}/h: expected ({want[0]:.4f}, {want[1]:.4f}), got {got!r}"
-        ok = isinstance(got, tuple) and len(got) == 2 and all(isinstance(g, (int, float)) for g in got)
+        ok = isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(g, (int, float)) for g in got)
         if ok and abs(got[0] - want[0] / 1e6) < 1e-12:
             hint += ": that is per token; the price is per million tokens"
         elif ok and abs(got[0] - want[0] * 3600) < 1e-6 * want[0] * 3600:
