@@ -34,9 +34,10 @@ from ..core.cache import KVCache
 from ..core.checkpoints import load
 from ..core.compiled import compiled_forward_for
 from ..core.config import ModelConfig, check_field_types, preset, shape_config
-from ..core.device import best_device
+from ..core.device import best_device, cuda_half_dtype
 from ..core.generate import generate
 from ..core.model import Transformer, random_model
+from ..core.tokenizer import Tokenizer
 from ..decoding.common import mean_acceptance, merged
 from ..decoding.prompt_lookup import prompt_lookup_generate
 from ..decoding.speculative import predicted_speedup, speculative_generate
@@ -132,7 +133,7 @@ class CapstoneBench:
         """16-bit on a GPU (fp16 where bf16 is not native, a T4); fp32 on a CPU, where bf16
         matmuls without packed weights are slow."""
         if self.device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+            return cuda_half_dtype()
         return torch.float32 if self.device.type == "cpu" else torch.bfloat16
 
     @property
@@ -199,30 +200,30 @@ def ladder_speed(o: CapstoneBench) -> list[dict]:
                 "compile_s": compile_s.get(rung.name, 0.0),
                 "weights_bytes": model_bytes(model),
                 "kv_bytes": kv_bytes(model, rung, length),
+                "streamed_bytes": streamed_bytes(rung, model_bytes(model), o.shape),
                 "same_tokens_as_baseline": tokens[rung.name] == tokens[o.rungs[0].name],
                 "same_tokens_as_previous": tokens[rung.name] == tokens[o.rungs[max(i - 1, 0)].name],
                 "lossless": rung.lossless,
             }
         )
-    for row in rows:
-        row["streamed_bytes"] = streamed_bytes(row, o.shape)
     return with_ratios(rows)
 
 
-def with_ratios(rows: list[dict]) -> list[dict]:
-    """Each row's tokens/s over the first row's and over the previous row's (the same run)."""
+def with_ratios(rows: list[dict], key: str = "tokens_per_s") -> list[dict]:
+    """Each row's ``key`` (a speed) over the first row's and over the previous row's."""
     for i, row in enumerate(rows):
-        row["vs_baseline"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
-        row["vs_previous"] = row["tokens_per_s"] / rows[max(i - 1, 0)]["tokens_per_s"]
+        row["vs_baseline"] = row[key] / rows[0][key]
+        row["vs_previous"] = row[key] / rows[max(i - 1, 0)][key]
     return rows
 
 
 @torch.inference_mode()
-def ladder_quality(o: CapstoneBench) -> tuple[list[dict], dict[str, Transformer]]:
+def ladder_quality(o: CapstoneBench) -> tuple[list[dict], dict[str, Transformer], Tokenizer]:
     """Each rung's recipe on the trained ``o.model``: perplexity, its change against the fp32
     baseline, greedy agreement with the baseline (teacher-forced, for the rungs that change the
     weights; None for those that keep the row above's) and how many of ``o.quality_prompts``
-    greedy outputs equal the baseline's. Also returns the trained models by rung."""
+    greedy outputs equal the baseline's. Also returns the trained models by rung and the
+    tokenizer."""
     reference, tokenizer = load(o.model, device=o.device, dtype=torch.float32)
     valid = encode_split(tokenizer, "valid")
     prompts = corpus_prompts(tokenizer, o.quality_prompts, 32)
@@ -254,15 +255,15 @@ def ladder_quality(o: CapstoneBench) -> tuple[list[dict], dict[str, Transformer]
                 "quality_weights_bytes": model_bytes(model),
             }
         )
-    return rows, models
+    return rows, models, tokenizer
 
 
-def bench_ladder(o: CapstoneBench) -> tuple[list[dict], Transformer]:
-    """Speed and quality of every rung, one row each; and the last rung's trained model."""
+def bench_ladder(o: CapstoneBench) -> tuple[list[dict], Transformer, Tokenizer]:
+    """Speed and quality of every rung, one row each; the last rung's trained model, its tokenizer."""
     speed = ladder_speed(o)
-    quality, models = ladder_quality(o)
+    quality, models, tokenizer = ladder_quality(o)
     rows = [{**s, **q} for s, q in zip(speed, quality)]
-    return rows, models[o.rungs[-1].name]
+    return rows, models[o.rungs[-1].name], tokenizer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,10 +271,9 @@ def bench_ladder(o: CapstoneBench) -> tuple[list[dict], Transformer]:
 
 
 @torch.inference_mode()
-def bench_decoding_rows(o: CapstoneBench, target: Transformer, recipe: str) -> list[dict]:
+def bench_decoding_rows(o: CapstoneBench, target: Transformer, tokenizer: Tokenizer, recipe: str) -> list[dict]:
     """Greedy, speculative with the draft model, and (on copying prompts) prompt lookup, all
     on ``target`` (the last rung's recipe on the trained model), compiled when ``o.compile``."""
-    _, tokenizer = load(o.model, device="cpu")
     draft, _ = load(o.draft, device=o.device, dtype=target.dtype)
     n, c = o.new_tokens, o.compile
     free = corpus_prompts(tokenizer, o.decoding_prompts, o.prompt_len)
@@ -353,17 +353,17 @@ def draft_costs(target: Transformer, draft: Transformer, k: int, alpha: float) -
 # Serving: a Poisson workload
 
 
-def serving_workload(o: CapstoneBench, vocab_size: int, run: int = 0) -> list:
+def serving_workload(o: CapstoneBench, vocab_size: int) -> list:
     """The requests: Poisson arrivals at ``o.rate``, chat-like lengths after a shared system
-    prompt of ``o.system_len`` tokens (fresh prompt ids per ``run``, so that no run finds another's
-    in a prefix cache)."""
+    prompt of ``o.system_len`` tokens. Every configuration serves these same requests; each run
+    starts a new engine, so none finds another run's prompts in its prefix cache."""
     import numpy as np
 
-    rng = np.random.default_rng(o.seed + 1000 * (run + 1))
+    rng = np.random.default_rng(o.seed + 1000)
     system = random_prompt(o.system_len, vocab_size, rng)
     max_len = 2 * (o.system_len + 4 * int(o.prompt_median))
     trace = chat_trace(o.requests, o.rate, o.prompt_median, SIGMA, o.output_median, SIGMA, max_len, o.seed)
-    return requests_from_trace(trace, vocab_size, o.seed + run, shared_prefix=system)
+    return requests_from_trace(trace, vocab_size, o.seed, shared_prefix=system)
 
 
 OFFLINE = "batch: all at once, 2x batch"
@@ -381,16 +381,14 @@ def bench_serving_rows(o: CapstoneBench) -> list[dict]:
     workload too, measured from a streaming client."""
     model, _ = load(o.model, device=o.device)
     requests = serving_workload(o, model.config.vocab_size)
-    block = 16
-    block_bytes = model.config.n_layers * 2 * block * model.config.n_kv_heads * model.config.head_dim
-    block_bytes *= model.dtype.itemsize
 
     def serve(scheduler, prefix, workload=requests):
         scheduler = scheduler or SchedulerConfig("continuous", o.max_batch)
-        config = EngineConfig(o.num_blocks, block, prefix_caching=prefix, scheduler=scheduler)
+        config = EngineConfig(o.num_blocks, 16, prefix_caching=prefix, scheduler=scheduler)
         outputs, engine = run_measured(model, workload, config)
         figures = serving_figures(outputs, engine, o.slo)
         good = good_tokens_per_s([out.metrics for out in outputs], o.slo)
+        block_bytes = engine.pool.nbytes // o.num_blocks
         return {**figures, "good_tokens_per_s": good, "kv_bytes": engine.peak_blocks * block_bytes}
 
     runs = {name: partial(serve, s, prefix) for name, s, prefix in SERVED}
@@ -494,9 +492,8 @@ def bench_capstone(o: CapstoneBench | None = None) -> dict:
     )
     # what one core streams, the yardstick of a decode step's weight reads (section 16.3)
     result["copy_GB_s"] = measure_bandwidth(o.device, megabytes=128) / 1e9
-    result["ladder"], target = bench_ladder(o)
-    recipe = recipe_of(o.rungs[-1])
-    result["decoding"] = bench_decoding_rows(o, target, recipe)
+    result["ladder"], target, tokenizer = bench_ladder(o)
+    result["decoding"] = bench_decoding_rows(o, target, tokenizer, recipe_of(o.rungs[-1]))
     result["serving"] = bench_serving_rows(o)
     return finish_provenance(result)
 
@@ -556,14 +553,13 @@ def format_ladder(result: dict) -> str:
     return format_table(ladder_table_rows(result), LADDER_COLUMNS, title=title)
 
 
-def streamed_bytes(row: dict, config: ModelConfig) -> int:
+def streamed_bytes(rung: Rung, weights_bytes: int, config: ModelConfig) -> int:
     """The weight bytes a decode step reads: all of them, except that a quantized model whose
     head was tied to its embedding keeps a 16-bit embedding table beside the quantized head, and
     a step only looks up one row of that table."""
-    rung = next(r for r in LADDER if r.name == row["step"])
     if rung.scheme is None or not config.tie_embeddings:
-        return row["weights_bytes"]
-    return row["weights_bytes"] - config.vocab_size * config.dim * 2
+        return weights_bytes
+    return weights_bytes - config.vocab_size * config.dim * 2
 
 
 def step_split(result: dict) -> list[dict]:
@@ -574,7 +570,9 @@ def step_split(result: dict) -> list[dict]:
     for r in result["ladder"]:
         if r["kv_bytes"] == 0:  # recomputing: a step is a whole forward, not a decode step
             continue
-        streamed = r.get("streamed_bytes") or streamed_bytes(r, preset(result["shape"]))  # runs before the field
+        # runs saved before the field have the preset's name to compute it from
+        rung = next(x for x in LADDER if x.name == r["step"])
+        streamed = r.get("streamed_bytes") or streamed_bytes(rung, r["weights_bytes"], preset(result["shape"]))
         weights_ms = 1e3 * streamed / (1e9 * result["copy_GB_s"])
         rows.append({"step": r["step"], "step_ms": r["tpot_ms"], "weights_ms": weights_ms})
         rows[-1]["rest_ms"] = r["tpot_ms"] - weights_ms
@@ -704,20 +702,13 @@ def gpu_ladder_rows(gpu_check: dict) -> list[dict]:
     rows = [
         {"step": step, "decode_tokens_per_s": t, "section": where} for step, (t, where) in zip(GPU_STEPS, found) if t
     ]
-    return with_decode_ratios(rows)
+    return with_ratios(rows, "decode_tokens_per_s")
 
 
 def _int4(graphed: dict) -> dict:
     """The int4 row of the compression section (g128 when it measured several group sizes)."""
     names = [n for n in graphed if n and n.startswith("int4")]
     return graphed[next((n for n in names if "128" in n), names[0])] if names else {}
-
-
-def with_decode_ratios(rows: list[dict]) -> list[dict]:
-    for i, row in enumerate(rows):
-        row["vs_baseline"] = row["decode_tokens_per_s"] / rows[0]["decode_tokens_per_s"]
-        row["vs_previous"] = row["decode_tokens_per_s"] / rows[max(i - 1, 0)]["decode_tokens_per_s"]
-    return rows
 
 
 def format_gpu_ladder(gpu_check: dict) -> str | None:

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from ..core.compiled import CompiledForward
-from ..core.device import hardware_description
+from ..core.device import cuda_half_dtype, hardware_description
 from ..core.model import random_model
 from ..kv.static import StaticDecodeCache
 from ..measure.roofline import DATASHEETS
@@ -116,7 +116,7 @@ def _decode_tokens_per_s(step: Callable, steps: int) -> float:
 def llama3_8b(out: dict):
     """A random Llama-3-8B in bf16 (fp16 where bf16 is not native) on the GPU, or None with the
     reason in ``out["skipped"]`` when it would not fit."""
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    dtype = cuda_half_dtype()
     free, _ = torch.cuda.mem_get_info()
     if free < 20e9:
         out["skipped"] = f"needs ~17 GB free for Llama-3-8B in 16 bits, {free / 1e9:.1f} GB free"

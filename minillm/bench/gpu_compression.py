@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from ..compression import cuda_kernels, model_bytes, quantize
 from ..compression.fastpath import check_kernel
 from ..compression.quant import QuantizedLinear, QuantSpec, quantized_layers
+from ..core.device import cuda_half_dtype
 from ..core.model import Transformer, random_model
 from ..kv.static import StaticDecodeCache
 from .gpu_kernels import GOALS, SectionTimeout, _guarded, cuda_time
@@ -292,7 +293,7 @@ def _sparse_row(m: int, w: Tensor, sparse: Tensor) -> dict:
 
 def compression_speed(deadline: float, out: dict) -> None:
     """Decode of Llama-3-8B in 16 bits, int8 and int4; the kernel and 2:4 sparse tables; fp8 decode."""
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    dtype = cuda_half_dtype()
     copy_bw = max(measure_bandwidth("cuda", megabytes=1024) for _ in range(3))
     out.update(
         model="Llama-3-8B (random weights)",

@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..core.attention import attention_reference
 from ..core.config import ceil_div
+from ..core.device import cuda_half_dtype
 from ..core.model import rms_norm_reference
 from ..kv.paged import paged_attention_decode
 from .roofline import measure_bandwidth
@@ -180,7 +181,7 @@ def _attention_row(hd: int, T: int, causal: bool, dtype: torch.dtype) -> dict:
 
 def attention_speed(deadline: float, out: dict) -> None:
     """TFLOP/s of the fused kernel, SDPA's flash backend and the naive version; the goal case first."""
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    dtype = cuda_half_dtype()
     rows = out["rows"] = []
     for hd in (128, 64):
         for T in (4096, 1024, 16384):
@@ -247,7 +248,7 @@ def paged_bandwidth(deadline: float, out: dict) -> None:
     """GB/s of the paged decode kernel (Llama-3-8B attention shape, blocks scattered) vs a plain copy."""
     copy_bw = max(measure_bandwidth("cuda", megabytes=1024) for _ in range(3))
     out["copy_GB_s"] = copy_bw / 1e9
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    dtype = cuda_half_dtype()
     shape = out["shape"] = {"H": 32, "Hkv": 8, "hd": 128, "bs": 16}
     rows = out["rows"] = []
     for B, ctx in [(64, 4096), (16, 16384), (8, 32768), (1, 131072)]:

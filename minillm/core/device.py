@@ -42,6 +42,11 @@ def best_device() -> torch.device:
     return torch.device("cpu")
 
 
+def cuda_half_dtype() -> torch.dtype:
+    """The 16-bit type a GPU computes natively: bf16 from Ampere on, fp16 before (a T4)."""
+    return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so that a timer measures it (a no-op on the CPU)."""
     if device.type == "cuda":

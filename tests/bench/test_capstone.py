@@ -23,23 +23,13 @@ from minillm.bench.capstone import (
     step_split,
 )
 from minillm.bench.report import PAGE_WIDTH
-from minillm.core.config import ModelConfig
 from minillm.core.model import random_model
+from tests.conftest import tiny_config
 from tests.test_cli import assert_one_line_error, run_main
 
 pytest.importorskip("httpx")
 
-TINY = ModelConfig(
-    vocab_size=512,
-    dim=128,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=32,
-    ffn_dim=256,
-    max_seq_len=512,
-    tie_embeddings=True,
-)
+TINY = tiny_config(vocab_size=512, dim=128, ffn_dim=256, max_seq_len=512, tie_embeddings=True)
 QUICK = dict(
     shape=TINY,
     prompt_len=16,
