@@ -34,7 +34,7 @@ setup: $(VENV)/.installed
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check minillm kernels tests chapters solutions
+	$(VENV)/bin/ruff format --check minillm tests chapters solutions
 
 test: lint
 	MINILLM_THREADS=1 $(PY) -m pytest -n $(NPROC) --dist loadfile -q tests chapters solutions --nbval-lax

@@ -5,28 +5,28 @@
     result = minillm.generate(model, ids, max_new_tokens=64)
     print(tokenizer.decode(result.tokens[0]))
 
-The folders are the architecture, in layers; a layer imports only those below it:
+The folders are the architecture, in layers; a layer imports only layers below it, and the
+techniques of one layer never import each other:
 
-    core/         config, model, attention, cache protocol + KVCache, sampling, generate,
-                  checkpoints, tokenizer, device. Imports no other part of minillm.
+    kernels/      Triton kernels, a leaf: torch and triton only (``core.attention`` and
+                  ``compression`` import them lazily).
+    core/         config, model, attention, cache protocol + KVCache and the static cache,
+                  sampling, generate, checkpoints, tokenizer, device.
+    measure/      metrics, roofline arithmetic, quality, the chapter-2 replay (imports core).
     training/     the bundled corpus, tokenizer and training loop (imports core).
-    measure/      metrics, roofline arithmetic, the chapter-2 replay: no timing (imports core).
-    kv/           compressed caches, GQA, paged blocks, memory formulas (core, training, measure).
-    decoding/     speculative, prompt lookup, lookahead, Medusa (core, kv, training, measure).
-    serving/      workload, scheduler, engine, async engine and HTTP server (core, kv, measure).
-    compression/  quantization, pruning, distillation (chapter 12; core, kv, training, measure).
-    parallel/     tensor, pipeline, context parallelism, replicas over torch.distributed
-                  (chapter 15; core, kv, measure, serving).
-    viz/          every plot; the only importer of matplotlib; consumes what the layers above
-                  return and never imports bench.
-    bench/        the one timing harness, provenance and results store, one module per
-                  benchmark, and the bench command line; may import every layer and viz.
+    kv/           compressed caches, GQA, paged blocks, memory formulas (chapters 4-6).
+    compression/  quantization, pruning, distillation (chapter 12).
+    decoding/     speculative, prompt lookup, lookahead, Medusa (chapters 7-9).
+    parallel/     tensor, pipeline, context parallelism over torch.distributed (chapter 15).
+    serving/      workload, scheduler, engine, async engine, HTTP server, disaggregation and
+                  replicas (chapters 13-15; imports core, kv, measure).
+    bench/        the timing harness, provenance and results store, one module per benchmark,
+                  and the bench command line.
+    viz/          every plot; the only importer of matplotlib; never imports bench.
     book/         notebook setup, exercise generation and checkers; may import everything.
 
-Only bench, book, ``__main__`` and the notebooks import bench or viz. ``kernels/`` (beside this
-package) holds the Triton kernels and is a leaf: it imports torch and triton, never minillm;
-``core.attention`` imports it lazily. tests/test_layering.py reads every import and holds these
-lines.
+Only bench, book, ``__main__`` and the notebooks import bench or viz. tests/test_layering.py reads
+every import and holds these lines; its allow-list is exactly the graph the code has.
 """
 
 from .core.cache import CacheFullError, KVCache

@@ -38,7 +38,7 @@ def test_every_chapter_runs_from_an_installed_wheel(installed, path, tmp_path, m
     monkeypatch.setenv("MINILLM_SCALE", "tiny")
     monkeypatch.setenv("MINILLM_THREADS", "1")
     nb = nbformat.read(str(path), as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell("import kernels, minillm\nprint(minillm.__file__, kernels.__file__)"))
+    nb.cells.append(nbformat.v4.new_code_cell("import minillm.kernels as k\nprint(minillm.__file__, k.__file__)"))
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     where = nb.cells[-1].outputs[0]["text"].split()
     assert all(Path(p).is_relative_to(installed) for p in where), where

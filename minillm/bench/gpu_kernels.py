@@ -90,7 +90,7 @@ def _randn(*shape: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
 
 def _flash_error(case: tuple, dtype: torch.dtype, g: torch.Generator) -> float:
     """Max error of the fused kernel on one FLASH_CASES entry (B, H, Hkv, T, S, hd, causal)."""
-    from kernels.flash_attention import flash_attention
+    from minillm.kernels.flash_attention import flash_attention
 
     B, H, Hkv, T, S, hd, causal = case
     q = _randn(B, H, T, hd, dtype=dtype, g=g)  # (B, H, T, hd)
@@ -100,7 +100,7 @@ def _flash_error(case: tuple, dtype: torch.dtype, g: torch.Generator) -> float:
 
 
 def _paged_error(H, Hkv, hd, bs, lens, dtype, g) -> float:
-    from kernels.paged_attention import paged_attention_decode_triton
+    from minillm.kernels.paged_attention import paged_attention_decode_triton
 
     B, width = len(lens), ceil_div(max(lens), bs)
     num_blocks = B * width + 5
@@ -113,7 +113,7 @@ def _paged_error(H, Hkv, hd, bs, lens, dtype, g) -> float:
 
 
 def _rms_norm_error(dtype, g) -> float:
-    from kernels.rmsnorm import rms_norm
+    from minillm.kernels.rmsnorm import rms_norm
 
     x, res = _randn(64, 4096, dtype=dtype, g=g), _randn(64, 4096, dtype=dtype, g=g)  # (rows, D)
     w = 1 + 0.1 * _randn(4096, dtype=dtype, g=g)  # near 1, as trained norms are: outputs stay O(1)
@@ -159,7 +159,7 @@ def _naive_fits(B: int, H: int, T: int) -> bool:
 
 def _attention_row(hd: int, T: int, causal: bool, dtype: torch.dtype) -> dict:
     """One (head dim, sequence, causal) case: MHA, 2048 / hd heads, about 16k tokens in the batch."""
-    from kernels.flash_attention import flash_attention
+    from minillm.kernels.flash_attention import flash_attention
 
     B, H = max(1, 16384 // T), 2048 // hd
     q, k, v = (torch.randn(B, H, T, hd, device="cuda", dtype=dtype) for _ in range(3))  # (B, H, T, hd)
@@ -228,7 +228,7 @@ def _ratio(a, b) -> float | None:
 
 def _paged_row(B: int, ctx: int, H: int, Hkv: int, hd: int, bs: int, dtype: torch.dtype, copy_bw: float) -> dict:
     """B sequences of ctx tokens each, their blocks shuffled over the pool."""
-    from kernels.paged_attention import paged_attention_decode_triton
+    from minillm.kernels.paged_attention import paged_attention_decode_triton
 
     width = ctx // bs
     k_pool, v_pool = (torch.randn(B * width, bs, Hkv, hd, device="cuda", dtype=dtype) for _ in range(2))

@@ -18,7 +18,7 @@ machine's CPU cores, and what the same communication would cost on GPU links.
    bytes over the bandwidth; a pipeline message one base latency, one hop and its bytes).
 3. ``predict.tp_speedup_rows``: the predicted Llama-2-7B and Llama-3-70B tensor-parallel
    speedups, beside gpt-fast's published ones.
-4. Data parallelism (``parallel.replicas``): 1 and 2 whole replicas behind a router on a small
+4. Data parallelism (``serving.replicas``): 1 and 2 whole replicas behind a router on a small
    burst of requests: requests/s and tokens/s over the wall clock, and TPOT.
 
 On a machine of two cores, two or four ranks share those two cores, so parallel speed is not
@@ -58,10 +58,10 @@ from ..parallel.pipeline import (
     pipeline_generate,
 )
 from ..parallel.predict import NCCL_BASE_LATENCY_S, TP_LINKS, allreduce_seconds, tp_decode_bytes, tp_speedup_rows
-from ..parallel.replicas import replica_throughput
 from ..parallel.tensor import check_tensor_parallel, load_tensor_parallel
 from ..serving.disagg import DisaggConfig
 from ..serving.engine import Engine, EngineConfig
+from ..serving.replicas import replica_throughput
 from ..serving.scheduler import SchedulerConfig
 from ..serving.workload import Request, copy_requests
 from .report import finish_provenance, format_table, provenance

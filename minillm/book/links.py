@@ -87,7 +87,7 @@ def _attribute_module(node: ast.Attribute, parents: dict[ast.AST, ast.AST]) -> s
 
 
 def chapter_modules(nb: dict) -> list[str]:
-    """The project modules (``minillm.*``, ``kernels.*``) a notebook's code cells import, sorted."""
+    """The project modules (``minillm.*``) a notebook's code cells import, sorted."""
     found: set[str] = set()
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
@@ -95,10 +95,10 @@ def chapter_modules(nb: dict) -> list[str]:
         tree = ast.parse(python_source(cell))
         parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("minillm", "kernels"):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "minillm":
                 found.update(_source_module(node.module, alias.name) for alias in node.names)
             elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.split(".")[0] in ("minillm", "kernels"))
+                found.update(a.name for a in node.names if a.name.split(".")[0] == "minillm")
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "minillm":
                 found.add(_attribute_module(node, parents))  # minillm.generate(...) after `import minillm`
     # setup, loading and the table printer appear in every chapter: the box names the topic's code
@@ -112,9 +112,9 @@ LAYER_ORDER = ("core", "kv", "decoding", "serving", "compression", "parallel", "
 def _layer_order(module: str) -> tuple[int, str]:
     """Techniques first, then measures, pictures and benchmarks; kernels last."""
     parts = module.split(".")
-    if parts[0] == "kernels":
-        return len(LAYER_ORDER) + 1, module
     layer = parts[1] if len(parts) > 1 else ""
+    if layer == "kernels":
+        return len(LAYER_ORDER) + 1, module
     return (LAYER_ORDER.index(layer) if layer in LAYER_ORDER else len(LAYER_ORDER)), module
 
 

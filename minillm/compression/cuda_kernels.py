@@ -114,7 +114,7 @@ def triton_kernel(layer: nn.Module, dtype: torch.dtype) -> Kernel:
     """The Triton kernel of the layer's scheme (also runs in Triton's CPU interpreter)."""
     if not triton_available():
         raise Unsupported("triton is not installed")
-    from kernels import quant_matmul as qm
+    from minillm.kernels import quant_matmul as qm
 
     scheme = layer.spec.scheme
     if scheme == "int8":

@@ -162,6 +162,6 @@ def attention_triton(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causa
     if reason is not None:
         warn_once(reason)
         return attention_sdpa(q, k, v, mask, causal)
-    from kernels.flash_attention import flash_attention
+    from minillm.kernels.flash_attention import flash_attention
 
     return flash_attention(q, k, v, causal)

@@ -1,5 +1,7 @@
 """Serving many requests (chapter 13): chat-like workloads, the scheduler (static, dynamic,
 continuous batching, chunked prefill, preemption) and the engine that runs its steps on paged KV;
 the async engine that runs that loop for many concurrent callers, and the OpenAI-compatible HTTP
-server on it (``http``; its web framework is imported only when a server is made).
+server on it (``http``; its web framework is imported only when a server is made); prefill/decode
+disaggregation over worker processes (``disagg``), and N whole replicas behind a router
+(``replicas``, chapter 15's data parallelism).
 """

@@ -69,7 +69,7 @@ def test_code_for_this_chapter_names_what_the_chapter_imports(path):
 def test_code_box_derives_modules_from_imports_and_attribute_use():
     code = (
         "import minillm\nfrom minillm.kv.paged import BlockManager\nfrom minillm import KVCache\n"
-        "from kernels.rmsnorm import rms_norm\nfrom minillm.book import setup\n"
+        "from minillm.kernels.rmsnorm import rms_norm\nfrom minillm.book import setup\n"
         "out = minillm.generate(m, ids, 4)\ntext = minillm.training.corpus.load_text('valid')\n"
     )
     nb = {"cells": [{"cell_type": "markdown", "source": "# x"}, {"cell_type": "code", "source": code}]}
@@ -78,7 +78,7 @@ def test_code_box_derives_modules_from_imports_and_attribute_use():
         "minillm.core.generate",
         "minillm.kv.paged",
         "minillm.training.corpus",
-        "kernels.rmsnorm",
+        "minillm.kernels.rmsnorm",
     ]
     synced = links.sync_code_box(nb, "someone/minillm", "main")
     box = synced["cells"][0]["source"]

@@ -19,11 +19,11 @@ from tests.conftest import tiny_model
 
 pytest.importorskip("triton", reason="triton is not installed: the kernel tests need it (or its CPU interpreter)")
 
-from kernels.flash_attention import check_interpreter, flash_attention  # noqa: E402
-from kernels.paged_attention import paged_attention_decode_triton  # noqa: E402
-from kernels.rmsnorm import rms_norm  # noqa: E402
 from minillm.core import attention as dispatch  # noqa: E402
 from minillm.core.attention import attention_tiled
+from minillm.kernels.flash_attention import check_interpreter, flash_attention  # noqa: E402
+from minillm.kernels.paged_attention import paged_attention_decode_triton  # noqa: E402
+from minillm.kernels.rmsnorm import rms_norm  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3}
@@ -188,7 +188,7 @@ def test_triton_backend_generates_the_same_tokens(monkeypatch):
 
 def test_dispatch_uses_the_kernel_when_supported(monkeypatch):
     calls = []
-    monkeypatch.setattr("kernels.flash_attention.flash_attention", lambda *a: calls.append(a) or a[0])
+    monkeypatch.setattr("minillm.kernels.flash_attention.flash_attention", lambda *a: calls.append(a) or a[0])
     q, k, v = _qkv(1, 2, 2, 4, 4, 64, torch.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -29,7 +29,7 @@ from minillm.compression.quant import (
 
 pytest.importorskip("triton", reason="triton is not installed: the kernel tests need it (or its CPU interpreter)")
 
-from kernels.quant_matmul import Tiles, fp8_matmul, int4_matmul, int8_matmul  # noqa: E402
+from minillm.kernels.quant_matmul import Tiles, fp8_matmul, int4_matmul, int8_matmul  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16]

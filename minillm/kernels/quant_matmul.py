@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.flash_attention import DTYPES, check_interpreter, interpreting
+from .flash_attention import DTYPES, check_interpreter, interpreting
 
 DECODE_ROWS = 16  # up to this many rows of x (a decode batch), the decode tiles
 

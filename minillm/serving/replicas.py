@@ -33,8 +33,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..serving.disagg import DisaggConfig, DisaggOutput, ReplicatedEngine
-from ..serving.workload import Request
+from .disagg import DisaggConfig, DisaggOutput, ReplicatedEngine
+from .workload import Request
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import minillm
-from minillm.parallel.replicas import ReplicaRun, replica_throughput, warmup_requests
 from minillm.serving.disagg import DisaggConfig
 from minillm.serving.engine import Engine, EngineConfig
+from minillm.serving.replicas import ReplicaRun, replica_throughput, warmup_requests
 from minillm.serving.workload import Request
 
 MODEL = "minillm-draft"  # quick to load in every worker

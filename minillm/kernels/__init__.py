@@ -11,6 +11,6 @@
 
 The ``"triton"`` attention backend that picks the kernel or falls back to SDPA is
 ``minillm.core.attention``; correctness and speed on a CUDA machine are ``minillm.bench.gpu``
-(``make gpu-check``). Nothing here is imported by ``import kernels``: triton loads only when a
-kernel module is used.
+(``make gpu-check``). Nothing here is imported by ``import minillm.kernels``: triton loads only
+when a kernel module is used.
 """

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.flash_attention import DTYPES, interpreting
+from .flash_attention import DTYPES, interpreting
 
 MAX_DIM = 65536
 

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.flash_attention import (
+from .flash_attention import (
     DTYPES,
     HEAD_DIMS,
     LOG2E,
