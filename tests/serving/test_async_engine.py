@@ -3,6 +3,7 @@ as sampled; an abort frees the request's blocks before the next step; a failing 
 the requests in flight; shutdown stops the loop within its bound. Every wait is bounded."""
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -209,8 +210,12 @@ def test_when_the_loop_dies_every_open_stream_ends_and_no_request_is_taken(monke
     engine = make_engine(MODEL).start()
     engine.stream_timeout = TIMEOUT
     real = engine._publish
+    all_added = threading.Event()
 
     def dies_on_the_third_step(finished):
+        # the first step waits until all three requests are in, however fast this machine steps,
+        # so the loop never dies before the test has added them (a bounded wait)
+        assert all_added.wait(TIMEOUT), "the requests were never added"
         if engine.engine.steps == 3:
             raise Fatal
         return real(finished)
@@ -219,6 +224,7 @@ def test_when_the_loop_dies_every_open_stream_ends_and_no_request_is_taken(monke
 
     async def main():
         streams = [engine.add_request(Request(prompt(4, 12 + i), 50)) for i in range(3)]
+        all_added.set()
         return await asyncio.wait_for(asyncio.gather(*(read(s) for s in streams)), TIMEOUT)
 
     for tokens, deltas in asyncio.run(main()):
