@@ -9,10 +9,11 @@ PIP := $(PY) -m pip
 TORCH_CPU ?= torch==2.13.0
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup test lint book execute exercises lab bench gpu-check clean help
+.PHONY: setup test test-fast lint book execute exercises lab bench gpu-check clean help
 
 help:
-	@echo "make test   install everything into $(VENV), then run ruff and the test suite"
+	@echo "make test   install everything into $(VENV), then run ruff, the tests and every notebook once"
+	@echo "make test-fast  the tests not marked slow (no notebooks, processes, compiles or servers)"
 	@echo "make book   render the book into _build/html from the committed notebook outputs"
 	@echo "make execute      re-run every chapter and solution here and save their outputs"
 	@echo "make exercises    regenerate exercises/ from solutions/"
@@ -36,8 +37,15 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check minillm tests chapters solutions
 
+# The chapters run under nbval from an installed wheel (conftest.py), the solutions in-process
+# (tests/book/test_exercises.py). Each notebook's cells stay on one worker (xdist groups); the
+# rest is shared out test by test. The slowest 25 are printed.
+PYTEST := MINILLM_THREADS=1 $(PY) -m pytest -n $(NPROC) --dist loadgroup -q --durations=25
 test: lint
-	MINILLM_THREADS=1 $(PY) -m pytest -n $(NPROC) --dist loadfile -q tests chapters solutions --nbval-lax
+	$(PYTEST) chapters tests --nbval-lax
+
+test-fast: setup
+	$(PYTEST) -m "not slow" tests
 
 bench: setup
 	$(PY) -m minillm bench generate

@@ -9,15 +9,19 @@ prints a pass line, or raises ``CheckFailed`` with a hint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import os
 import re
 import sys
 import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bench.report import PAGE_WIDTH
 from .links import sync_repository_links
-from .nbfiles import cell_source, dump_notebook, execute_notebook, read_notebook
+from .nbfiles import cell_source, dump_notebook, execute_notebook, python_source, read_notebook
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 REGION = re.compile(rf"^([ \t]*){re.escape(BEGIN)}([^\n]*)\n(.*?)^[ \t]*{re.escape(END)}[^\n]*$", re.M | re.S)
@@ -116,6 +120,88 @@ def write_exercises(solutions: Path = Path("solutions"), exercises: Path = Path(
         dst.write_text(dump_notebook(exercise_notebook(nb)), encoding="utf-8")
         written.append(dst)
     return written
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a solution notebook in this process: once solved, and once per region with it stubbed
+
+CHECK_TAG = "nbval-check-output"
+NEEDS = re.compile(r"^%%needs\s+(.*)$")
+
+
+@dataclass
+class SolutionRun:
+    """One in-process run of a solution notebook: ``stubbed[i]`` is the exception the notebook
+    raised from region ``i`` on with that region stubbed (None if it ran to the end: a check that
+    cannot fail); ``mismatches`` lists the checked cells whose printed output differs from the
+    committed one."""
+
+    stubbed: list[BaseException | None] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+
+
+def _cell_code(cell: dict) -> str | None:
+    """A code cell as Python for ``exec``; None for a ``%%needs`` cell whose modules are missing."""
+    source = cell_source(cell)
+    first, _, rest = source.partition("\n")
+    needs = NEEDS.match(first)
+    if needs:
+        from .notebook import missing_modules
+
+        if missing_modules(needs.group(1).split()):
+            return None
+        return python_source({"source": rest})
+    return python_source(cell)
+
+
+def _first_error(sources: list[str], namespace: dict) -> BaseException | None:
+    """Run ``sources`` in ``namespace`` in order; the first exception raised, or None."""
+    for i, code in enumerate(sources):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(code, f"<stubbed run, cell {i}>", "exec"), namespace)
+        except Exception as error:  # noqa: BLE001 - which exception is the caller's verdict
+            return error
+    return None
+
+
+def _committed_text(cell: dict) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("name") == "stdout")
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path):
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def run_solution(solution: dict, cwd: Path) -> SolutionRun:
+    """Run a solution notebook once in this process (no kernel), in a fresh namespace. Before each
+    cell that holds solution regions, each region is stubbed in turn and the rest of the notebook
+    runs on in a copy of the namespace until it raises, which is what a reader who has not solved
+    that exercise would see (the others stay solved). Checked cells (tagged ``nbval-check-output``)
+    must print what the committed notebook shows. Magic lines are skipped; ``%%needs`` is honoured."""
+    cells = [c for c in solution["cells"] if c["cell_type"] == "code"]
+    codes = [_cell_code(c) for c in cells]
+    namespace: dict = {"__name__": "__main__"}
+    run = SolutionRun()
+    with _working_directory(cwd):
+        for i, (cell, code) in enumerate(zip(cells, codes)):
+            if code is None:
+                continue
+            rest = [c for c in codes[i + 1 :] if c is not None]
+            for region in range(count_regions(code)):
+                run.stubbed.append(_first_error([stub_source(code, only=region), *rest], dict(namespace)))
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(compile(code, f"<solution cell {i}>", "exec"), namespace)
+            if CHECK_TAG in cell.get("metadata", {}).get("tags", []) and printed.getvalue() != _committed_text(cell):
+                run.mismatches.append(f"cell {i}: printed {printed.getvalue()!r}, committed {_committed_text(cell)!r}")
+    return run
 
 
 def execute_in_place(paths: list[Path]) -> None:
