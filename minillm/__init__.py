@@ -18,6 +18,8 @@ techniques of one layer never import each other:
     compression/  quantization, pruning, distillation (chapter 12).
     decoding/     speculative, prompt lookup, lookahead, Medusa (chapters 7-9).
     parallel/     tensor, pipeline, context parallelism over torch.distributed (chapter 15).
+    runtime/      the one place techniques compose: load (HF, bundled or saved quantized) in
+                  the compute dtype, quantize, compile; every combination works or is refused.
     serving/      workload, scheduler, engine, async engine, HTTP server, disaggregation and
                   replicas (chapters 13-15; imports core, kv, measure).
     bench/        the timing harness, provenance and results store, one module per benchmark,
@@ -30,13 +32,14 @@ every import and holds these lines; its allow-list is exactly the graph the code
 """
 
 from .core.cache import CacheFullError, KVCache
-from .core.checkpoints import CheckpointError, bundled_models, load, save_pretrained
+from .core.checkpoints import CheckpointError, bundled_models, save_pretrained
 from .core.config import PRESETS, ModelConfig, RopeScaling, preset
 from .core.generate import GenerationResult, generate
 from .core.model import Transformer, random_model
 from .core.sampling import SamplingParams, sample
 from .core.tokenizer import Tokenizer
 from .kv.compressed import CrossLayerKVCache, QuantizedKVCache, SelectiveKVCache, SlidingWindowCache
+from .runtime import RuntimeOptions, load, load_model
 
 __version__ = "0.1.0"
 
@@ -50,6 +53,7 @@ __all__ = [
     "ModelConfig",
     "QuantizedKVCache",
     "RopeScaling",
+    "RuntimeOptions",
     "SamplingParams",
     "SelectiveKVCache",
     "SlidingWindowCache",
@@ -58,6 +62,7 @@ __all__ = [
     "bundled_models",
     "generate",
     "load",
+    "load_model",
     "preset",
     "random_model",
     "sample",

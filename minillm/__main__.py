@@ -33,12 +33,12 @@ from .cli import (
     bad_input,
     parse_device,
 )
-from .compression import SCHEMES, model_bytes, quantize
+from .compression import SCHEMES, model_bytes
 from .compression.quant import quantized_layers
-from .compression.saving import is_quantized_checkpoint, load_quantized
+from .compression.saving import is_quantized_checkpoint
 from .core.checkpoints import BUNDLED_DIR, bundled_models, load, read_config, resolve
 from .core.config import PRESETS, ModelConfig
-from .core.device import best_device, set_threads
+from .core.device import set_threads
 from .core.generate import GenerationResult, check_max_new_tokens, check_request
 from .core.hf_config import config_from_hf
 from .core.model import Transformer
@@ -60,6 +60,7 @@ from .parallel.cli_ranks import timing_line as parallel_timing_line
 from .parallel.launch import RankError, init_from_env, launch, under_torchrun
 from .parallel.pipeline import PipelineSpec, check_pipeline, pipeline_generate
 from .parallel.tensor import check_tensor_parallel
+from .runtime import RuntimeOptions, load_model
 from .training.corpus import DATA_DIR, build_corpus
 from .training.train import TOKENIZER_DIR, encode_split, train_bundled, train_tokenizer
 
@@ -82,8 +83,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_max_new_tokens(args.max_new_tokens)
     if args.tensor_parallel is not None or args.pipeline_parallel is not None:
         return generate_parallel(args, sampling)
-    if args.compile and args.quantize is not None:
-        raise CliError("--compile with --quantize is not supported; drop one of them")
     device = parse_device(args.device)
     with bad_input():
         model, tokenizer = load_for_generate(args, device)
@@ -112,23 +111,25 @@ def no_tokenizer(model: str) -> str:
     return f"{model} has no tokenizer.json, so text cannot be encoded; pick a model that has one"
 
 
+def runtime_options(args: argparse.Namespace, device: str | None) -> RuntimeOptions:
+    """The runtime's options from ``generate``'s flags: the runtime refuses what does not compose."""
+    return RuntimeOptions(
+        quantize=args.quantize,
+        group_size=args.group_size,
+        dtype=DTYPES[args.dtype] if args.dtype else None,
+        compile=args.compile,
+        tensor_parallel=args.tensor_parallel or 1,
+        device=device,
+    )
+
+
 def load_for_generate(args: argparse.Namespace, device: str | None) -> tuple[Transformer, object]:
-    """The model to generate with: loaded (a quantized checkpoint as such), then quantized when
-    ``--quantize`` asks. On a CPU a quantized model computes in bf16 unless --dtype says
-    otherwise: PyTorch's packed int8/int4 CPU kernels are fast in bf16 only."""
-    dtype = DTYPES[args.dtype] if args.dtype else None
-    if args.group_size is not None and args.quantize != "int4":
-        raise ValueError("--group-size applies to --quantize int4")
-    if is_quantized_checkpoint(args.model):
-        if args.quantize:
-            raise ValueError(f"{args.model} is already quantized: drop --quantize")
-        return load_quantized(args.model, device=device, dtype=dtype)
-    quantizing = args.quantize is not None
-    cpu = torch.device(device or best_device()).type == "cpu"
-    model, tokenizer = load(args.model, device=device, dtype=dtype or (torch.bfloat16 if quantizing and cpu else None))
-    if quantizing:
-        quantize(model, args.quantize, args.group_size)
-        paths = sorted({layer.path for layer in quantized_layers(model).values()} - {"reference"})
+    """The model to generate with, through the runtime (a quantized checkpoint as such; on a CPU a
+    quantized model computes in bf16 unless --dtype says otherwise)."""
+    model, tokenizer = load_model(args.model, runtime_options(args, device))
+    layers = quantized_layers(model)
+    if args.quantize and layers:
+        paths = sorted({layer.path for layer in layers.values()} - {"reference"})
         kernel = f", kernels: {', '.join(paths)}" if paths else ""
         print(f"quantized to {args.quantize}: {model_bytes(model) / 1e6:.1f} MB{kernel}", file=sys.stderr)
     return model, tokenizer
@@ -154,11 +155,12 @@ def generate_parallel(args: argparse.Namespace, sampling: SamplingParams) -> int
     flag, n = ("--tensor-parallel", tp) if tp is not None else ("--pipeline-parallel", pp)
     if n < 1:
         raise CliError(f"{flag} must be a positive number of ranks, got {n}")
-    for option, value in (("--quantize", args.quantize), ("--group-size", args.group_size)):
-        if value is not None:
+    with bad_input():  # the runtime says what does not compose with tensor parallelism
+        runtime_options(args, None)
+    options = (("--quantize", args.quantize), ("--group-size", args.group_size), ("--compile", args.compile))
+    for option, value in options if pp is not None else ():
+        if value:
             raise CliError(f"{option} with {flag} is not supported; drop one of them")
-    if args.compile:
-        raise CliError(f"--compile with {flag} is not supported; drop one of them")
     if pp is not None and sampling.temperature > 0:
         raise CliError("--pipeline-parallel generates greedily only: drop --temperature, or use --tensor-parallel")
     with bad_input():
@@ -283,6 +285,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             device=parse_device(args.device),
             dtype=DTYPES[args.dtype] if args.dtype else None,
             shutdown_timeout=args.shutdown_timeout,
+            quantize=args.quantize,
+            group_size=args.group_size,
         )
     try:
         http.require_serve_extra()
@@ -290,6 +294,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     with bad_input():
         return http.run_server(options)
+
+
+def add_quantize_options(p) -> None:
+    """--quantize and --group-size, for the runtime (generate and serve)."""
+    p.add_argument(
+        "--quantize",
+        choices=SCHEMES,
+        default=None,
+        help="weight-only quantization (round to nearest) after loading; on a CPU in bf16 by default",
+    )
+    p.add_argument("--group-size", type=int, default=None, help="int4 weights per scale (default: 128)")
 
 
 def add_serve(commands) -> None:
@@ -303,6 +318,7 @@ def add_serve(commands) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best available)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="weights' dtype (default: as generate)")
+    add_quantize_options(p)
     p.add_argument(
         "--shutdown-timeout",
         type=float,
@@ -438,13 +454,7 @@ def add_generate(commands) -> None:
         default=None,
         help="weights' dtype (default: float32 on a CPU, the checkpoint's own on a GPU)",
     )
-    p.add_argument(
-        "--quantize",
-        choices=SCHEMES,
-        default=None,
-        help="weight-only quantization (round to nearest) before generating; on a CPU in bf16 by default",
-    )
-    p.add_argument("--group-size", type=int, default=None, help="int4 weights per scale (default: 128)")
+    add_quantize_options(p)
     p.add_argument(
         "--compile",
         action="store_true",

@@ -74,6 +74,39 @@ def test_help_lists_every_command():
         assert f"    {command} " in proc.stdout, f"{command} missing from --help:\n{proc.stdout}"
 
 
+def command_paths(parser=None, path=()) -> list[tuple[str, ...]]:
+    """Every command of the CLI as its words (``()``, ``("bench",)``, ``("bench", "kv")``, ...)."""
+    import argparse
+
+    from minillm.__main__ import build_parser
+
+    parser = parser or build_parser()
+    found = [path]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += command_paths(sub, (*path, name))
+    return found
+
+
+def test_the_parser_tree_has_every_command():
+    paths = command_paths()
+    assert {("generate",), ("serve",), ("bench", "compression"), ("train", "model")} <= set(paths)
+    assert len(paths) == len(set(paths))
+
+
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "minillm")
+def test_every_command_prints_its_help(path, capsys):
+    """``--help`` of every command exits 0 with its usage (a stray '%' in a help string, which
+    argparse reads as a format, fails here)."""
+    from minillm.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*path, "--help"])
+    assert exit_.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
 def test_transformers_is_not_imported_by_the_package():
     code = "import sys, minillm, minillm.bench.generation, minillm.__main__; print('transformers' in sys.modules)"
     proc = run_python(["-c", code])
@@ -111,10 +144,23 @@ def test_generate_compiled_prints_the_eager_text_and_its_compile_time(checkpoint
     assert compiled.rsplit("\n", 2)[0] == eager.rsplit("\n", 2)[0]  # the same text
     assert "compiled)" in compiled.rstrip().rsplit("\n", 1)[1]
     assert "compile time:" in err and "not counted in the timings" in err
-    status, _, err = run_main([*argv, "--compile", "--quantize", "int8"], capsys)
-    assert status != 0 and "--compile with --quantize is not supported" in err
     status, _, err = run_main([*argv, "--compile", "--tensor-parallel", "2"], capsys)
-    assert status != 0 and "--compile with --tensor-parallel is not supported" in err
+    assert status == 2 and "tensor parallelism with compile is not supported" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_generate_quantized_and_compiled_prints_the_quantized_text(checkpoint, scheme, capsys):
+    """The runtime composes quantization and compiled decoding: the same text as the eager
+    quantized run (both compute in bf16 on a CPU)."""
+    argv = ["generate", "--model", str(checkpoint), "--prompt", "def add(a, b):", "--max-new-tokens", "12"]
+    argv += ["--device", "cpu", "--quantize", scheme, "--temperature", "0"]
+    status, eager, err = run_main(argv, capsys)
+    assert status == 0, err
+    status, compiled, err = run_main([*argv, "--compile"], capsys)
+    assert status == 0, err
+    assert compiled.rsplit("\n", 2)[0] == eager.rsplit("\n", 2)[0]
+    assert f"quantized to {scheme}" in err and "compile time:" in err
 
 
 def test_generate_with_sampling_options(checkpoint, capsys):

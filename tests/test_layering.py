@@ -26,6 +26,7 @@ LAYERS = (
     ("core",),
     ("measure", "training"),
     ("kv", "compression", "decoding", "parallel"),
+    ("runtime",),
     ("serving",),
     ("bench", "viz"),
     ("book",),
@@ -41,7 +42,8 @@ ALLOWED = {
     "compression": {"core", "kernels", "training"},
     "decoding": {"core", "training"},
     "parallel": {"core", "measure"},
-    "serving": {"core", "kv", "measure"},
+    "runtime": {"core", "compression"},
+    "serving": {"core", "kv", "measure", "runtime"},
     "bench": {"core", "kernels", "measure", "training", "kv", "compression", "decoding", "parallel", "serving"},
     "viz": {"core", "measure", "kv", "decoding", "parallel", "serving"},
     "book": {"core", "measure", "kv", "compression", "decoding", "bench", "viz"},
@@ -211,15 +213,16 @@ def test_no_import_cycle_between_subpackages():
 
 
 def test_importing_minillm_loads_only_the_lower_layers():
-    """``import minillm`` (the public API: load, generate, the model and the caches) imports core
-    and kv, and through them nothing above kv, so a user of the library never pays for
-    benchmarks, plots or the book (checked in a fresh interpreter)."""
+    """``import minillm`` (the public API: load, generate, the model and the caches) imports core,
+    kv and the runtime, and through them no technique the runtime imports only when asked
+    (compression), so a user of the library never pays for compression, serving, benchmarks,
+    plots or the book (checked in a fresh interpreter)."""
     targets = {subpackage(m) for m, _ in imports(PACKAGE / "__init__.py")} - {None}
-    assert targets <= {"core", "kv"}
+    assert targets <= {"core", "kv", "runtime"}
     code = "import sys, minillm; print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('minillm.')}))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert loaded.returncode == 0, loaded.stderr
-    assert set(ast.literal_eval(loaded.stdout.strip())) <= {"core", "kv", "training", "measure"}
+    assert set(ast.literal_eval(loaded.stdout.strip())) <= {"core", "kv", "training", "measure", "runtime"}
 
 
 def test_the_shared_cli_module_imports_only_core():

@@ -270,7 +270,11 @@ def add_bench_compression(kinds) -> None:
     p.add_argument("--shape", default="SmolLM2-360M", help="random-weight shape timed (default: SmolLM2-360M)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"trained model for quality (default: {DEFAULT_MODEL})")
     p.add_argument(
-        "--techniques", nargs="+", default=None, metavar="NAME", help=f"a subset of: {'; '.join(TECHNIQUE_NAMES)}"
+        "--techniques",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="a subset of: " + "; ".join(TECHNIQUE_NAMES).replace("%", "%%"),
     )
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16], help="decode batch sizes (default: 1 16)")
     p.add_argument("--context", type=int, default=128, help="tokens in the cache while decoding (default: 128)")

@@ -230,7 +230,7 @@ def read_config(directory: Path) -> tuple[ModelConfig, dict]:
     if isinstance(quant, dict) and quant.get("quant_method") == "minillm":
         raise CheckpointError(
             f"{directory} holds a model quantized by minillm ({quant.get('scheme')}): load it with "
-            "minillm.compression.load_quantized, which rebuilds its quantized layers"
+            "minillm.load (the runtime), which rebuilds its quantized layers"
         )
     if quant is not None:
         method = quant.get("quant_method") if isinstance(quant, dict) else quant

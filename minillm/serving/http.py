@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.checkpoints import load
 from ..core.config import check_field_types
 from ..core.device import hardware_description, threads_label
+from ..runtime import RuntimeOptions, load_model
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig, RequestTooLargeError
 from .openai_api import (
@@ -74,8 +74,10 @@ class ServerOptions:
     num_blocks: int = 256  # KV pool, in blocks
     block_size: int = 16  # tokens per KV block
     device: str | None = None  # None: the best available
-    dtype: torch.dtype | None = None  # None: float32 on a CPU, the checkpoint's own on a GPU
+    dtype: torch.dtype | None = None  # None: as the runtime picks (minillm.runtime.compute_dtype)
     shutdown_timeout: float = 5.0  # seconds requests in flight may take to finish on SIGTERM
+    quantize: str | None = None  # weight-only "int8" | "int4" | "fp8", through the runtime
+    group_size: int | None = None  # int4 only
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -90,6 +92,10 @@ class ServerOptions:
         t = self.shutdown_timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"shutdown_timeout must be a finite number of seconds >= 0, got {t!r}")
+        self.runtime_options()  # the runtime refuses what does not compose, before anything loads
+
+    def runtime_options(self) -> RuntimeOptions:
+        return RuntimeOptions(quantize=self.quantize, group_size=self.group_size, dtype=self.dtype, device=self.device)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(self.num_blocks, self.block_size, scheduler=SchedulerConfig("continuous", self.max_batch))
@@ -372,7 +378,7 @@ def warm_up(model, block_size: int) -> None:
 def run_server(options: ServerOptions) -> int:
     """Load the model, print where it is served, and serve until SIGINT/SIGTERM; returns 0."""
     require_serve_extra()
-    model, tokenizer = load(options.model, device=options.device, dtype=options.dtype)
+    model, tokenizer = load_model(options.model, options.runtime_options())
     engine = AsyncEngine(Engine(model, options.engine_config()))
     warm_up(model, options.block_size)
     app = create_app(engine, options.model, tokenizer, options.api_key)

@@ -171,8 +171,12 @@ def test_a_quantized_model_saves_and_loads_with_its_scheme(target, tmp_path, sch
     ids = torch.tensor([tok.encode("def read_config(path):")])
     assert loaded.dtype == torch.bfloat16 and tokenizer is not None
     assert torch.equal(loaded(ids), q(ids))
-    with pytest.raises(minillm.CheckpointError, match="load_quantized"):
-        minillm.load(tmp_path)
+    again, _ = minillm.load(tmp_path, device="cpu")  # the runtime reads minillm's quantized directories too
+    assert torch.equal(again(ids), q(ids))
+    with pytest.raises(ValueError, match="already quantized"):
+        minillm.load(tmp_path, quantize="int8")
+    with pytest.raises(minillm.CheckpointError, match="minillm.load"):  # the plain checkpoint reader says where
+        minillm.core.checkpoints.load(tmp_path)
     # the file holds what model_bytes counts (plus a small JSON header), less than bf16's 2 bytes each
     size = (tmp_path / "model.safetensors").stat().st_size
     assert model_bytes(q) <= size < model_bytes(q) + 64_000 and size < 2 * model.num_params()

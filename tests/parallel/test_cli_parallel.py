@@ -161,7 +161,7 @@ BAD = {
     "both": (["--tensor-parallel", "2", "--pipeline-parallel", "2"], "together are not supported"),
     "quantize": (
         ["--tensor-parallel", "2", "--quantize", "int8"],
-        "--quantize with --tensor-parallel is not supported",
+        "tensor parallelism with quantized weights is not supported",
     ),
     "sampling pp": (["--pipeline-parallel", "2", "--temperature", "0.5"], "greedily only"),
     "too long": (["--tensor-parallel", "2", "--max-new-tokens", "100000"], "context"),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 import minillm
 from minillm.bench.serve import _last_line, _server_url
@@ -448,6 +449,24 @@ def test_serve_options_are_checked_before_loading(capsys):
     assert_one_line_error(status, err, "port must be an integer in [0, 65535]")
     status, _, err = run_main(["serve", "--max-batch", "0"], capsys)
     assert_one_line_error(status, err, "max_batch must be a positive integer")
+    status, _, err = run_main(["serve", "--quantize", "int8", "--group-size", "32"], capsys)
+    assert_one_line_error(status, err, "applies to int4 quantization only")  # the runtime's reason
+
+
+def test_a_quantized_model_serves_the_tokens_generate_makes(monkeypatch):
+    """serve --quantize loads through the runtime (bf16 on a CPU): the engine behind the server
+    gives the greedy tokens minillm.generate gives on the same quantized model."""
+    from minillm.runtime import load_model
+    from minillm.serving.engine import Engine
+    from minillm.serving.http import ServerOptions
+    from minillm.serving.workload import Request
+
+    options = ServerOptions(model="minillm-draft", device="cpu", quantize="int4", group_size=32)
+    model, tokenizer = load_model(options.model, options.runtime_options())
+    assert model.dtype == torch.bfloat16
+    ids = tokenizer.encode("def read_config(path):")
+    (out,) = Engine(model, options.engine_config()).run([Request(ids, 10)])
+    assert out.tokens == minillm.generate(model, ids, 10, eos_token_id=None).tokens[0].tolist()
 
 
 def test_sse_lines_are_data_events_ending_with_done(live):
