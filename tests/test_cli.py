@@ -134,6 +134,7 @@ def test_generate_streams_text_then_timings(checkpoint, capsys):
         assert figure in timing
 
 
+@pytest.mark.slow
 def test_generate_compiled_prints_the_eager_text_and_its_compile_time(checkpoint, capsys):
     argv = ["generate", "--model", str(checkpoint), "--prompt", "def add(a, b):", "--max-new-tokens", "12"]
     argv += ["--device", "cpu"]

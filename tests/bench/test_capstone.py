@@ -27,6 +27,8 @@ from minillm.core.model import random_model
 from tests.conftest import tiny_config
 from tests.test_cli import assert_one_line_error, run_main
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 pytest.importorskip("httpx")
 
 TINY = tiny_config(vocab_size=512, dim=128, ffn_dim=256, max_seq_len=512, tie_embeddings=True)

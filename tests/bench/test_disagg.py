@@ -23,6 +23,8 @@ from minillm.bench.disagg import (
 )
 from minillm.measure.metrics import SLO
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 TINY_SIM = SimulatedSweep(rates=(4.0, 32.0), duration=1.0, min_requests=20)  # Llama-3-8B, prompts of ~1k
 
 

@@ -13,6 +13,8 @@ from minillm.bench.parallel import GPU_LINKS, ParallelBench, format_parallel, gp
 from minillm.core.config import preset
 from minillm.parallel.predict import TP_LINKS, allreduce_seconds
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 DIM, LAYERS = 256, 6  # minillm-target
 RANKS = (2, 4)  # the lead's full run adds 1 rank; here, the world sizes that communicate
 

@@ -25,6 +25,8 @@ from minillm.serving.http import create_app
 from tests.serving.conftest import LiveServer, make_engine, save_tiny_checkpoint
 from tests.test_cli import assert_one_line_error, run_main
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 pytest.importorskip("httpx")
 SMALL = dict(n_requests=6, prompt_median=8, output_median=6, max_len=64)
 

@@ -8,6 +8,8 @@ import pytest
 from minillm.book import nbfiles
 from minillm.book.notebook import missing_modules
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 ROOT = Path(__file__).resolve().parents[2]
 HIDE_TRITON = "import sys\n\nsys.modules['triton'] = None  # as if it were not installed"
 

@@ -16,6 +16,8 @@ from minillm.decoding.speculative import accept_draft_tokens, greedy_accept, spe
 from ..conftest import tiny_model
 from ..decoding.test_medusa import random_heads
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28]
 
 

@@ -23,6 +23,8 @@ from minillm.parallel.launch import RankError
 from tests.conftest import tiny_model
 from tests.test_cli import run_main
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 GENERATE = ["generate", "--prompt", "def fibonacci(n):", "--max-new-tokens", "24", "--device", "cpu"]

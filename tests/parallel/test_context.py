@@ -29,6 +29,8 @@ from minillm.parallel.context import (
 )
 from minillm.parallel.launch import launch
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 RING_SPECS = tuple(
     RingSpec(seed=i, batch=2, n_heads=4, n_kv_heads=kv, head_dim=8, seq_len=T, layout=layout)
     for i, (T, layout, kv) in enumerate(itertools.product((13, 37), ("contiguous", "zigzag"), (4, 2)))

@@ -8,6 +8,8 @@ import minillm
 from minillm.parallel.dtensor import DTensorCheck, gate_up_rows_for_tp, qkv_rows_for_tp, run_dtensor_checks
 from tests.conftest import tiny_config, tiny_model
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 PROMPT = (3, 14, 15, 9, 26, 5, 35)
 NEW_TOKENS = 32
 

@@ -21,6 +21,8 @@ from minillm.parallel.pipeline import (
     split_layers,
 )
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 NEW_TOKENS = 32
 
 

@@ -20,6 +20,8 @@ from minillm.parallel.tensor import (
 )
 from tests.conftest import tiny_config, tiny_model
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 PROMPT = (3, 14, 15, 9, 26, 5, 35)
 NEW_TOKENS = 32
 

@@ -22,6 +22,8 @@ from minillm.serving.engine import Engine, EngineConfig
 from minillm.serving.handoff import DecodeEngine, PrefillEngine, kv_handoff_bytes
 from minillm.serving.workload import Request
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 MODEL = "minillm-draft"  # 0.6M parameters: quick to load in every worker
 BLOCK = 16
 LENGTHS = [1, BLOCK, 2 * BLOCK, 7, 33, 50, 3, 90]  # ragged: 1, multiples of the block size, others

@@ -400,6 +400,7 @@ def test_an_api_key_is_required_when_set(checkpoint, monkeypatch):
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200  # probes need no key
 
 
+@pytest.mark.slow
 def test_sigterm_with_requests_in_flight_exits_0_within_the_bound(checkpoint):
     command = [sys.executable, "-m", "minillm", "serve", "--model", str(checkpoint), "--port", "0"]
     command += ["--shutdown-timeout", "0.5", "--threads", "1"]

@@ -12,6 +12,8 @@ from minillm.serving.engine import Engine, EngineConfig
 from minillm.serving.replicas import ReplicaRun, replica_throughput, warmup_requests
 from minillm.serving.workload import Request
 
+pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
+
 MODEL = "minillm-draft"  # quick to load in every worker
 LENGTHS = [5, 16, 33, 7, 20, 2]
 MAX_TOKENS = 6
