@@ -209,7 +209,7 @@ def test_generate_quantized_then_from_a_saved_quantized_checkpoint(checkpoint, t
     )
     assert_one_line_error(status, err, "already quantized")
     status, _, err = run_main([*argv, "--quantize", "int8", "--group-size", "16"], capsys)
-    assert_one_line_error(status, err, "--group-size applies to --quantize int4")
+    assert_one_line_error(status, err, "(--group-size) applies to int4 quantization only")
     status, _, err = run_main([*argv, "--quantize", "int4", "--group-size", "15"], capsys)
     assert_one_line_error(status, err, "group_size must be a positive even integer")
 
