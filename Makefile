@@ -38,9 +38,9 @@ lint: setup
 	$(VENV)/bin/ruff format --check minillm tests chapters solutions
 
 # The chapters run under nbval from an installed wheel (conftest.py), the solutions in-process
-# (tests/book/test_exercises.py). Each notebook's cells stay on one worker (xdist groups); the
-# rest is shared out test by test. The slowest 25 are printed.
-PYTEST := MINILLM_THREADS=1 $(PY) -m pytest -n $(NPROC) --dist loadgroup -q --durations=25
+# (tests/book/test_exercises.py). Work is shared out file by file: a notebook's cells share one
+# kernel, a test module's tests its module fixtures. The slowest 25 are printed.
+PYTEST := MINILLM_THREADS=1 $(PY) -m pytest -n $(NPROC) --dist loadfile -q --durations=25
 test: lint
 	$(PYTEST) chapters tests --nbval-lax
 

@@ -5,9 +5,9 @@ checkout installed into a folder outside the repository (no editable link), so a
 read but the wheel leaves out (the corpus, a bundled model, a saved result) fails here as it would
 on Colab. The first process builds and installs the wheel and writes a Jupyter kernel spec whose
 environment puts that folder first on the path; nbval's kernels use it, and pytest-xdist's workers
-inherit it. Each notebook's cells form one xdist group (they share one kernel, so one worker runs
-them in order), marked slow, so ``make test-fast`` leaves them out; each test module is a group
-too, so its module fixtures run once.
+inherit it. xdist shares the work out file by file (``--dist loadfile``): a notebook's cells share
+one kernel and a test module's tests share its module fixtures (several start processes), so
+each runs on one worker. Notebook cells are marked slow, so ``make test-fast`` leaves them out.
 """
 
 from __future__ import annotations
@@ -75,14 +75,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(where, ignore_errors=True)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """xdist groups: a notebook's cells share a kernel, and a test module's tests share its
-    module fixtures (several start processes), so each runs on one worker; a test that names its
-    own group (the solutions' in-process runs) keeps it."""
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group(f"notebook-{item.path.stem}"))
-        elif item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(ROOT).as_posix()))

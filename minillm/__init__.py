@@ -25,9 +25,10 @@ techniques of one layer never import each other:
     bench/        the timing harness, provenance and results store, one module per benchmark,
                   and the bench command line.
     viz/          every plot; the only importer of matplotlib; never imports bench.
-    book/         notebook setup, exercise generation and checkers; may import everything.
+    book/         notebook setup, exercise generation and checkers.
+    cli/          the command line (``python -m minillm``); its handlers import what they run.
 
-Only bench, book, ``__main__`` and the notebooks import bench or viz. tests/test_layering.py reads
+Only bench, book, cli and the notebooks import bench or viz. tests/test_layering.py reads
 every import and holds these lines; its allow-list is exactly the graph the code has.
 """
 

@@ -13,8 +13,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 import minillm
-from minillm.__main__ import main
 from minillm.bench import generation as bench
+from minillm.cli.main import main
 from minillm.compression import quantize
 from minillm.compression.saving import save_quantized
 from minillm.core.tokenizer import Tokenizer
@@ -78,7 +78,7 @@ def command_paths(parser=None, path=()) -> list[tuple[str, ...]]:
     """Every command of the CLI as its words (``()``, ``("bench",)``, ``("bench", "kv")``, ...)."""
     import argparse
 
-    from minillm.__main__ import build_parser
+    from minillm.cli.main import build_parser
 
     parser = parser or build_parser()
     found = [path]
@@ -99,7 +99,7 @@ def test_the_parser_tree_has_every_command():
 def test_every_command_prints_its_help(path, capsys):
     """``--help`` of every command exits 0 with its usage (a stray '%' in a help string, which
     argparse reads as a format, fails here)."""
-    from minillm.__main__ import main
+    from minillm.cli.main import main
 
     with pytest.raises(SystemExit) as exit_:
         main([*path, "--help"])
@@ -108,7 +108,7 @@ def test_every_command_prints_its_help(path, capsys):
 
 
 def test_transformers_is_not_imported_by_the_package():
-    code = "import sys, minillm, minillm.bench.generation, minillm.__main__; print('transformers' in sys.modules)"
+    code = "import sys, minillm, minillm.bench.generation, minillm.cli.main; print('transformers' in sys.modules)"
     proc = run_python(["-c", code])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

@@ -29,7 +29,7 @@ LAYERS = (
     ("runtime",),
     ("serving",),
     ("bench", "viz"),
-    ("book",),
+    ("book", "cli"),
 )
 # Subpackage -> the minillm subpackages it imports (besides itself): exactly the graph the code
 # has (a test fails on an edge missing here and on one listed here that no import makes).
@@ -46,7 +46,8 @@ ALLOWED = {
     "serving": {"core", "kv", "measure", "runtime"},
     "bench": {"core", "kernels", "measure", "training", "kv", "compression", "decoding", "parallel", "serving"},
     "viz": {"core", "measure", "kv", "decoding", "parallel", "serving"},
-    "book": {"core", "measure", "kv", "compression", "decoding", "bench", "viz"},
+    "book": {"core", "measure", "kv", "compression", "decoding", "viz"},
+    "cli": {"core", "measure", "training", "kv", "compression", "decoding", "parallel", "runtime", "serving", "bench"},
 }
 PLOTTING = ("matplotlib", "ipywidgets")
 
@@ -226,10 +227,27 @@ def test_importing_minillm_loads_only_the_lower_layers():
 
 
 def test_the_shared_cli_module_imports_only_core():
-    """minillm/cli.py (errors, the parser, devices) sits under both command lines: it may import
-    core only, so that a layer below bench can never reach bench through it."""
-    targets = {subpackage(m) for m, _ in imports(PACKAGE / "cli.py")} - {None}
+    """minillm/cli/common.py (errors, the parser, devices) is what every command shares: it imports
+    core only, so that building the parser costs no technique."""
+    targets = {subpackage(m) for m, _ in imports(PACKAGE / "cli" / "common.py")} - {None, "cli"}
     assert targets <= {"core"}
+
+
+def test_the_command_line_imports_no_technique_until_a_handler_runs():
+    """``python -m minillm models`` (the parser, every command's options, one handler) loads no
+    compression, parallel, serving, runtime or bench module (checked in a fresh interpreter)."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from minillm.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['models'])\n"
+        "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('minillm.')}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert loaded.returncode == 0, loaded.stderr
+    layers = set(ast.literal_eval(loaded.stdout.strip().splitlines()[-1]))
+    # what ``import minillm`` loads (core, kv's caches, the runtime's entry) and the handler's table printer
+    assert layers <= {"cli", "core", "kernels", "kv", "measure", "runtime", "training"}, layers
 
 
 def test_the_rules_catch_what_they_forbid(tmp_path, monkeypatch):

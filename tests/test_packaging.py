@@ -37,7 +37,7 @@ def test_the_book_extra_brings_what_notebooks_import():
 
 
 def test_the_results_store_is_in_the_package_and_can_be_moved(tmp_path, monkeypatch):
-    from minillm.bench.report import load_results, results_root, save_result
+    from minillm.measure.report import load_results, results_root, save_result
 
     assert results_root() == ROOT / "minillm" / "results"
     assert load_results("bench_generate"), "the saved CPU run the chapters plot"

@@ -1,4 +1,5 @@
-"""Benchmarks: one module per topic, each a function that returns its figures (with the one
-provenance record of ``report``) and a ``format_*`` that prints them; ``timing`` is the only
-timing loop; ``cli`` is ``python -m minillm bench``. Results live in minillm/results/<hardware>/<name>.json.
+"""Benchmarks: one module per topic, each a function that returns its figures (with the
+provenance record of ``minillm.measure.report``) and a ``format_*`` that prints them, timed by
+``minillm.measure.timing``; ``python -m minillm bench`` is ``minillm.cli.bench``. Results live in
+minillm/results/<hardware>/<name>.json.
 """

@@ -29,13 +29,13 @@ from ..core.config import ModelConfig, check_field_types
 from ..core.model import Transformer
 from ..kv.paged import blocks_for
 from ..measure.metrics import SLO, percentiles
+from ..measure.report import finish_provenance, format_table, provenance
+from ..measure.timing import interleaved
 from ..serving.engine import EngineConfig, RequestOutput, StepCost
 from ..serving.scheduler import POLICIES, SchedulerConfig
 from ..serving.workload import Request, chat_trace, random_prompt, requests_from_trace
 from .paging import bench_prefix_cache, memory_waste
-from .report import finish_provenance, format_table, provenance
 from .serving import run_measured, serving_figures, simulate
-from .timing import interleaved
 
 WASTE_SAMPLE = 20_000  # sequence lengths drawn for the memory-waste figures
 SIGMA = 0.8  # log-space spread of the workload's prompt and output lengths

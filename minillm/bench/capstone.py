@@ -43,6 +43,8 @@ from ..decoding.prompt_lookup import prompt_lookup_generate
 from ..decoding.speculative import predicted_speedup, speculative_generate
 from ..measure.metrics import SLO, RequestMetrics, span
 from ..measure.quality import greedy_agreement, perplexity
+from ..measure.report import finish_provenance, format_table, provenance, wrap_line
+from ..measure.timing import interleaved
 from ..serving.engine import EngineConfig
 from ..serving.scheduler import SchedulerConfig
 from ..serving.workload import Request, chat_trace, random_prompt, requests_from_trace
@@ -51,11 +53,9 @@ from ..training.train import encode_split
 from .batching import SIGMA
 from .decoding import greedy_tokens, measure_forward_ms, time_methods, tokens_and_stats
 from .lookup import copy_task_prompts
-from .report import finish_provenance, format_table, provenance, wrap_line
 from .roofline import measure_bandwidth
 from .serve import rate_figures, run_workload, server_process, wait_healthy
 from .serving import run_measured, serving_figures
-from .timing import interleaved
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,11 @@ from ..core.config import ModelConfig, shape_config
 from ..core.device import best_device
 from ..core.model import Transformer, random_model
 from ..measure.quality import greedy_agreement, logit_difference, perplexity
+from ..measure.report import describe, finish_provenance, format_table, provenance
+from ..measure.timing import interleaved
 from ..training.corpus import corpus_prompts
 from ..training.train import encode_split
 from .kv import decode_steps, fill_with_random, roll_back
-from .report import describe, finish_provenance, format_table, provenance
-from .timing import interleaved
 
 BASELINE = "bf16"
 

@@ -35,9 +35,9 @@ from ..decoding.lookahead import lookahead_generate
 from ..decoding.medusa import CONFIG_FILE, MedusaHeads, medusa_generate
 from ..decoding.prompt_lookup import prompt_lookup_generate
 from ..decoding.speculative import speculative_generate
+from ..measure.report import finish_provenance, format_table, provenance, wrap_line
+from ..measure.timing import interleaved
 from ..training.corpus import corpus_prompts
-from .report import finish_provenance, format_table, provenance, wrap_line
-from .timing import interleaved
 
 Method = Callable[[list[int]], tuple[list[int], DecodingStats | None]]
 

@@ -31,6 +31,7 @@ import numpy as np
 from ..core.config import check_field_types, preset
 from ..measure.links import LINKS, Link, kv_bytes, kv_transfer_rows
 from ..measure.metrics import SLO, latency_percentiles, percentiles, throughput
+from ..measure.report import finish_provenance, format_table, provenance
 from ..serving.cluster import ClusterConfig, roofline_step_cost, simulate_cluster
 from ..serving.disagg import DisaggConfig, DisaggOutput, DisaggregatedEngine, ReplicatedEngine
 from ..serving.engine import EngineConfig
@@ -38,7 +39,6 @@ from ..serving.scheduler import SchedulerConfig
 from ..serving.step_cost import StepCost, fit_step_cost
 from ..serving.workload import Request, chat_trace, requests_from_trace
 from .batching import SIGMA, InterferenceWorkload, interference_workload, itl_figures
-from .report import finish_provenance, format_table, provenance
 from .serving import served
 
 MODES = ("colocated", "chunked", "disagg 1:1")
@@ -471,7 +471,7 @@ def format_simulated(sim: Mapping) -> str:
 
 
 def format_disagg(figures: Mapping) -> str:
-    from .report import describe, wrap_line
+    from ..measure.report import describe, wrap_line
 
     parts = [
         "\n".join(wrap_line(f"{describe(figures)}; 2 worker processes per mode, 1 thread each")),

@@ -25,10 +25,10 @@ from ..core.generate import generate
 from ..core.hf_config import config_from_hf, read_json
 from ..core.model import Transformer
 from ..core.tokenizer import Tokenizer
+from ..measure.report import finish_provenance, format_table, provenance
+from ..measure.timing import interleaved, repeat, timed
 from ..training.corpus import corpus_prompt
 from .hf import Run, hf_call, import_transformers
-from .report import finish_provenance, format_table, provenance
-from .timing import interleaved, repeat, timed
 
 PROMPT_SEED = 0  # for the random prompt of a checkpoint that has no tokenizer
 

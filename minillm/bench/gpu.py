@@ -49,15 +49,15 @@ from ..core.compiled import CompiledForward
 from ..core.device import cuda_half_dtype, hardware_description
 from ..core.model import random_model
 from ..kv.static import StaticDecodeCache
+from ..measure.report import gpu_slug, result_path
 from ..measure.roofline import DATASHEETS
+from ..measure.timing import repeat, timed
 from .capstone import LADDER, generate_as
 from .gpu_compression import compression_speed
 from .gpu_disagg import disagg_steps
 from .gpu_kernels import GOALS, SectionTimeout, attention_speed, check_correctness, paged_bandwidth
 from .gpu_parallel import tp_shard_decode
-from .report import gpu_slug, result_path
 from .roofline import measure_bandwidth
-from .timing import repeat, timed
 
 SECTION_LIMITS_S = {  # 479 s in all: under 8 minutes
     "correctness": 60,

@@ -37,9 +37,9 @@ from ..compression.quant import QuantizedLinear, QuantSpec, quantized_layers
 from ..core.device import cuda_half_dtype
 from ..core.model import Transformer, random_model
 from ..kv.static import StaticDecodeCache
+from ..measure.timing import timed
 from .gpu_kernels import GOALS, SectionTimeout, _guarded, cuda_time
 from .roofline import measure_bandwidth
-from .timing import timed
 
 SCHEMES = [(None, None), ("int8", None), ("int4", 128), ("fp8", None)]  # (scheme, group size); None: as built
 BATCHES = (1, 16)

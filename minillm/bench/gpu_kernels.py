@@ -25,8 +25,8 @@ from ..core.config import ceil_div
 from ..core.device import cuda_half_dtype
 from ..core.model import rms_norm_reference
 from ..kv.paged import paged_attention_decode
+from ..measure.timing import repeat
 from .roofline import measure_bandwidth
-from .timing import repeat
 
 GOALS = {
     "attention_vs_sdpa": "fused attention >= SDPA (flash) TFLOP/s at hd 128, seq 4k, causal, bf16",

@@ -36,10 +36,10 @@ from torch import Tensor
 from ..core.config import ModelConfig, preset
 from ..core.model import random_model
 from ..kv.static import StaticDecodeCache
+from ..measure.timing import timed
 from ..parallel.predict import TP_LINKS, allreduce_seconds, published_speedups, tp_all_reduces_per_forward
 from ..parallel.tensor import check_tensor_parallel, local_config
 from .gpu_compression import cuda_graphed, decode_bytes
-from .timing import timed
 
 MODEL = "Llama-2-7B"
 TPS = (1, 2, 4, 8)

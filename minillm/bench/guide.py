@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .report import PAGE_WIDTH, load_results, wrap_line
+from ..measure.report import PAGE_WIDTH, load_results, wrap_line
 
 NO_RUN = "no saved run: run `{benchmark}`"
 

@@ -5,7 +5,7 @@
 - ``decode_tokens_per_s`` times decoding against a cache that already holds ``context`` tokens
   (``fill_with_random`` puts them there without running the model).
 - ``kv_benchmark`` does it for every technique side by side, through the timing harness
-  (``minillm.bench.timing``), with the options of a ``KVBench``; ``bench_kv`` is the figures of
+  (``minillm.measure.timing``), with the options of a ``KVBench``; ``bench_kv`` is the figures of
   ``python -m minillm bench kv``, with their provenance; ``summary_rows`` puts them beside the
   perplexity each technique costs (``minillm.measure.quality``).
 """
@@ -24,8 +24,8 @@ from ..core.model import Transformer, random_model
 from ..kv.compressed import CrossLayerKVCache, QuantizedKVCache, SelectiveKVCache, SlidingWindowCache
 from ..kv.gqa import gqa_heads
 from ..kv.memory import format_bytes
-from .report import finish_provenance, format_table, provenance
-from .timing import interleaved
+from ..measure.report import finish_provenance, format_table, provenance
+from ..measure.timing import interleaved
 
 
 @dataclass

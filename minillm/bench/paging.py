@@ -22,11 +22,11 @@ from ..core.config import ModelConfig
 from ..core.model import Transformer
 from ..kv.memory import kv_bytes_per_token
 from ..kv.paged import blocks_for, gather_kv, kv_waste
+from ..measure.timing import interleaved
 from ..serving.engine import EngineConfig, StepCost
 from ..serving.scheduler import SchedulerConfig
 from ..serving.workload import Request, random_prompt
 from .serving import run_measured, simulate
-from .timing import interleaved
 
 
 def memory_waste(lengths: Sequence[int], max_len: int, block_sizes: Sequence[int] = (8, 16, 32)) -> dict:

@@ -46,6 +46,7 @@ from ..core.checkpoints import load, read_config, resolve
 from ..core.config import ModelConfig, check_field_types
 from ..core.generate import generate
 from ..measure.links import Link
+from ..measure.report import finish_provenance, format_table, provenance
 from ..parallel.comm import Comm, wire_bytes
 from ..parallel.launch import launch
 from ..parallel.pipeline import (
@@ -64,7 +65,6 @@ from ..serving.engine import Engine, EngineConfig
 from ..serving.replicas import replica_throughput
 from ..serving.scheduler import SchedulerConfig
 from ..serving.workload import Request, copy_requests
-from .report import finish_provenance, format_table, provenance
 
 FP32 = 4  # bytes per element: every rank here computes and communicates in fp32
 GPU_LINKS = ("NVLink 3 (A100)", "NVLink 4 (H100)", "PCIe 4.0 x16")
@@ -459,7 +459,7 @@ def format_replicas(rows: Sequence[Mapping]) -> str:
 
 
 def format_parallel(figures: Mapping) -> str:
-    from .report import describe, wrap_line
+    from ..measure.report import describe, wrap_line
 
     head = f"{describe(figures)}; 1 thread per rank, gloo"
     parts = [

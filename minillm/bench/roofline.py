@@ -9,9 +9,9 @@ import statistics
 import torch
 
 from ..core.generate import generate
+from ..measure.report import format_table
 from ..measure.roofline import Roofline, forward_cost
-from .report import format_table
-from .timing import repeat
+from ..measure.timing import repeat
 
 
 def measure_matmul_flops(device="cpu", dtype=torch.float32, n: int = 1024, repeats: int = 5) -> float:

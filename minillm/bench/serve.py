@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from ..cli import DEFAULT_MODEL
+from ..core.checkpoints import DEFAULT_MODEL
 from ..core.config import check_field_types
 from ..core.device import best_device
 from ..measure.metrics import SLO, RequestMetrics, goodput, latency_percentiles, percentiles, span, throughput
+from ..measure.report import describe, finish_provenance, format_table, provenance
 from ..serving.workload import Request, chat_trace, requests_from_trace
 from .batching import SIGMA
-from .report import describe, finish_provenance, format_table, provenance
 
 PS = (50, 90, 99)
 HTTPX = "bench serve needs httpx: pip install httpx"

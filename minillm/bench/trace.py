@@ -15,8 +15,8 @@ from ..core.generate import generate
 from ..core.model import Transformer
 from ..measure.arrivals import poisson_arrivals
 from ..measure.metrics import RequestMetrics
+from ..measure.timing import interleaved
 from ..measure.trace import Service, replay_fcfs
-from .timing import interleaved
 
 
 def measure_services(

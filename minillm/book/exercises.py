@@ -19,7 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..bench.report import PAGE_WIDTH
+from ..measure.report import PAGE_WIDTH
 from .links import sync_repository_links
 from .nbfiles import cell_source, dump_notebook, execute_notebook, python_source, read_notebook
 

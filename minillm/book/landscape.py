@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.bench.report import PAGE_WIDTH, format_table, wrap_line
 from minillm.measure.metrics import cost_per_million_tokens
+from minillm.measure.report import PAGE_WIDTH, format_table, wrap_line
 
 NOT_DOCUMENTED = "not documented"
 

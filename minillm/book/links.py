@@ -102,7 +102,13 @@ def chapter_modules(nb: dict) -> list[str]:
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "minillm":
                 found.add(_attribute_module(node, parents))  # minillm.generate(...) after `import minillm`
     # setup, loading and the table printer appear in every chapter: the box names the topic's code
-    everywhere = ("minillm", "minillm.book", "minillm.bench.report", "minillm.core.checkpoints", "minillm.runtime.load")
+    everywhere = (
+        "minillm",
+        "minillm.book",
+        "minillm.measure.report",
+        "minillm.core.checkpoints",
+        "minillm.runtime.load",
+    )
     everywhere += ("minillm.viz.style",)
     return sorted((m for m in found if m not in everywhere and not m.startswith("minillm.book.")), key=_layer_order)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..bench.report import join_fitting, load_results, wrap_line
 from ..core.device import best_device, hardware_description, set_threads_from_env
+from ..measure.report import join_fitting, load_results, wrap_line
 from ..viz.style import set_plot_style
 
 SCALES = ("tiny", "small", "medium", "large")  # tiny: tests; small: a laptop CPU; medium/large: GPUs
@@ -119,7 +119,7 @@ def register_magics() -> None:
 
 def saved_results(name: str, results_dir: Path | None = None) -> dict[str, dict]:
     """Figures saved by the benchmark commands, ``minillm/results/<hardware>/<name>.json``, by hardware
-    folder (the results store of ``minillm.bench.report``).
+    folder (the results store of ``minillm.measure.report``).
 
     The store ships with the package, so a wheel installed on Colab sees the same saved runs."""
     return load_results(name, results_dir)

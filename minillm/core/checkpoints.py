@@ -23,6 +23,7 @@ from .model import Transformer, rope_inv_freq
 from .tokenizer import Tokenizer
 
 BUNDLED_DIR = Path(__file__).resolve().parents[1] / "bundled"
+DEFAULT_MODEL = "minillm-target"  # what the commands and benchmarks load unless told otherwise
 # Tensors some checkpoints carry that hold nothing we need (RoPE tables are recomputed).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

@@ -6,7 +6,6 @@ import json
 import pytest
 
 from minillm import SamplingParams
-from minillm.__main__ import main
 from minillm.bench.batching import (
     BatchingBench,
     InterferenceWorkload,
@@ -18,6 +17,7 @@ from minillm.bench.batching import (
     rate_sweep,
 )
 from minillm.bench.serving import copy_requests, serving_figures, simulate
+from minillm.cli.main import main
 from minillm.measure.metrics import SLO
 from minillm.serving.engine import Engine, EngineConfig, StepCost
 from minillm.serving.scheduler import SchedulerConfig

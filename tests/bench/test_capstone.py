@@ -22,8 +22,8 @@ from minillm.bench.capstone import (
     ladder_speed,
     step_split,
 )
-from minillm.bench.report import PAGE_WIDTH
 from minillm.core.model import random_model
+from minillm.measure.report import PAGE_WIDTH
 from tests.conftest import tiny_config
 from tests.test_cli import assert_one_line_error, run_main
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from minillm.__main__ import main
 from minillm.bench.batching import InterferenceWorkload
 from minillm.bench.disagg import (
     MODES,
@@ -21,6 +20,7 @@ from minillm.bench.disagg import (
     simulate_mode,
     simulated_goodput,
 )
+from minillm.cli.main import main
 from minillm.measure.metrics import SLO
 
 pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out

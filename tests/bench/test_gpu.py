@@ -14,10 +14,10 @@ import torch
 from minillm.bench import gpu as gpu_check
 from minillm.bench import gpu_compression
 from minillm.bench.gpu_kernels import attention_flops
-from minillm.bench.report import gpu_slug, result_path
 from minillm.compression import model_bytes
 from minillm.core.cache import KVCache
 from minillm.kv.static import StaticDecodeCache
+from minillm.measure.report import gpu_slug, result_path
 from tests.conftest import tiny_model
 
 

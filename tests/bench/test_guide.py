@@ -21,7 +21,7 @@ from minillm.bench.guide import (  # noqa: E402
     guide_markdown,
     result_date,
 )
-from minillm.bench.report import RESULTS_DIR  # noqa: E402
+from minillm.measure.report import RESULTS_DIR  # noqa: E402
 from minillm.viz.guide import plot_decision_guide  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from minillm import KVCache
-from minillm.__main__ import main
 from minillm.bench.kv import (
     KVBench,
     bench_kv,
@@ -17,9 +16,10 @@ from minillm.bench.kv import (
     summary_rows,
     techniques,
 )
-from minillm.bench.report import PAGE_WIDTH
+from minillm.cli.main import main
 from minillm.core.cache import Cache
 from minillm.core.config import PRESETS
+from minillm.measure.report import PAGE_WIDTH
 from tests.conftest import tiny_config, tiny_model
 
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from minillm.__main__ import main
 from minillm.bench.parallel import GPU_LINKS, ParallelBench, format_parallel, gpu_link_rows, message_seconds
+from minillm.cli.main import main
 from minillm.core.config import preset
 from minillm.parallel.predict import TP_LINKS, allreduce_seconds
 

@@ -88,19 +88,14 @@ _RUNS: dict[Path, ex.SolutionRun] = {}
 
 
 def solution_run(path: Path) -> ex.SolutionRun:
-    """The notebook's one in-process run, shared by its tests (they share an xdist group)."""
+    """The notebook's one in-process run, shared by its tests (one worker runs this file)."""
     if path not in _RUNS:
         _RUNS[path] = ex.run_solution(nbfiles.read_notebook(path), cwd=path.parent)
     return _RUNS[path]
 
 
-def _grouped(path: Path, *rest, id: str):
-    """All of a notebook's tests in one xdist group, so one worker runs the notebook once."""
-    return pytest.param(path, *rest, marks=pytest.mark.xdist_group(f"solution-{path.stem}"), id=id)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("path", [_grouped(p, id=p.stem) for p in SOLUTIONS])
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
 def test_every_solution_passes_its_checks_and_prints_its_committed_outputs(path):
     """The solved notebook runs (every check cell prints its pass line) and its checked cells print
     what the committed notebook shows: the solutions' execution in this suite, in-process."""
@@ -112,7 +107,8 @@ def test_every_solution_passes_its_checks_and_prints_its_committed_outputs(path)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "path, region",
-    [_grouped(p, i, id=f"{p.stem}-{i}") for p, i in CASES],
+    CASES,
+    ids=[f"{p.stem}-{i}" for p, i in CASES],
 )
 def test_each_check_fails_without_its_solution(path, region):
     """Stub one exercise, keep the others solved: running the notebook on must fail, with the

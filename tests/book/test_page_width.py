@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from minillm.bench.report import PAGE_WIDTH
 from minillm.book import nbfiles
+from minillm.measure.report import PAGE_WIDTH
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(p for d in ("chapters", "solutions", "exercises") for p in (ROOT / d).glob("*.ipynb"))

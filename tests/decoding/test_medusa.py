@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minillm import KVCache, generate, load
-from minillm.__main__ import main
+from minillm.cli.main import main
 from minillm.core.checkpoints import BUNDLED_DIR
 from minillm.core.sampling import SamplingParams
 from minillm.decoding.medusa import (

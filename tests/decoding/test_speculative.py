@@ -18,10 +18,10 @@ from torch import nn
 
 import minillm
 from minillm import generate
-from minillm.__main__ import main
 from minillm.bench.decoding import measure_forward_ms
 from minillm.bench.lookup import copy_task_prompts, lookup_by_task, summarize_by_task
 from minillm.bench.speculative import speculative_sweep, teacher_forced_acceptance
+from minillm.cli.main import main
 from minillm.core.sampling import SamplingParams
 from minillm.decoding import speculative as spec
 from minillm.decoding.common import DecodingStats

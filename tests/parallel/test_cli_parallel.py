@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import minillm
-from minillm import __main__ as cli
-from minillm.__main__ import rank_failure
+from minillm.cli.main import rank_failure
+from minillm.parallel import launch as launching
 from minillm.parallel.cli_ranks import until_eos
 from minillm.parallel.launch import RankError
 from tests.conftest import tiny_model
@@ -145,8 +145,8 @@ def no_spawn(monkeypatch):
     def trap(*args, **kwargs):
         raise AssertionError("a process was started for bad input")
 
-    monkeypatch.setattr(cli, "launch", trap)
-    monkeypatch.setattr(cli, "init_from_env", trap)
+    monkeypatch.setattr(launching, "launch", trap)
+    monkeypatch.setattr(launching, "init_from_env", trap)
 
 
 @pytest.fixture(scope="module")

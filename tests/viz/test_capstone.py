@@ -6,7 +6,7 @@ import matplotlib
 import pytest
 
 from minillm.bench.capstone import gpu_ladder_rows
-from minillm.bench.report import load_results
+from minillm.measure.report import load_results
 from minillm.viz.capstone import plot_ladder, plot_serving
 
 matplotlib.use("Agg")

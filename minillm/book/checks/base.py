@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...bench.report import wrap_line
+from ...measure.report import wrap_line
 
 
 class CheckFailed(AssertionError):

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.bench.report import PAGE_WIDTH, format_table
+from minillm.measure.report import PAGE_WIDTH, format_table
 
 WIDE = [
     {"policy": p, "rate": r, **{f"c{i}": 1000.5 * i + r for i in range(12)}}

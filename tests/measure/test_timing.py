@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from minillm.bench import report, timing
+from minillm.measure import report, timing
 
 
 def test_interleaved_takes_turns_alternating_the_order_after_the_warmup():

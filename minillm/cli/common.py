@@ -1,6 +1,6 @@
 """What every command of the command line shares: one-line errors with status 2, the parser that
-prints them, and the parsing of devices and dtypes. ``__main__`` (generate, models, corpus,
-train) and ``bench.cli`` (the benchmarks) both build on it.
+prints them, and the parsing of devices and dtypes. ``cli.main`` (generate, serve, models, corpus,
+train) and ``cli.bench`` (the benchmarks) both build on it.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from contextlib import contextmanager
 
 import torch
 
-from .core.device import best_device
+from ..core.checkpoints import DEFAULT_MODEL
+from ..core.device import best_device
+
+__all__ = ["DEFAULT_MODEL", "DTYPES", "ArgumentParser", "CliError", "add_threads_option", "bad_input", "parse_device"]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DEFAULT_MODEL = "minillm-target"
 
 
 class CliError(Exception):

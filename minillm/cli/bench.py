@@ -10,26 +10,16 @@ from pathlib import Path
 
 import torch
 
-from ..cli import DEFAULT_MODEL, DTYPES, CliError, add_threads_option, bad_input, parse_device
 from ..core.checkpoints import load
 from ..core.device import best_device, threads_label
 from ..measure.metrics import SLO
-from ..parallel.launch import RankError
-from ..serving.disagg import WorkerError
-from . import generation as bench
-from . import report
-from .batching import BatchingBench, bench_batching, format_batching
-from .capstone import CapstoneBench, bench_capstone, format_capstone
-from .compression import TECHNIQUE_NAMES, CompressionBench, bench_compression, format_compression
-from .decoding import DecodingBench, bench_decoding, format_decoding
-from .disagg import DisaggBench, SimulatedSweep, bench_disagg, format_disagg
-from .kv import KVBench, bench_kv, format_kv_bench, mha_shape
-from .parallel import ParallelBench, bench_parallel, format_parallel
-from .serve import ServeBench, bench_serve, format_serve
+from .common import DEFAULT_MODEL, DTYPES, CliError, add_threads_option, bad_input, parse_device
 
 
 def write_json(path: Path, figures: dict) -> None:
     """Write a command's figures to the JSON file it was given, and say where."""
+    from ..measure import report
+
     report.write_json(path, figures)
     print(f"figures written to {path}")
 
@@ -40,6 +30,8 @@ def _where(device: str) -> str:
 
 
 def cmd_bench_generate(args: argparse.Namespace) -> int:
+    from ..bench import generation as bench
+
     with bad_input():
         o = bench.GenerationBench(
             args.model, args.prompt_len, args.prompt_lens, args.new_tokens, args.repeats, parse_device(args.device)
@@ -64,6 +56,8 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_kv(args: argparse.Namespace) -> int:
+    from ..bench.kv import KVBench, bench_kv, format_kv_bench, mha_shape
+
     with bad_input():
         dtype = DTYPES[args.dtype] if args.dtype else None
         device = parse_device(args.device)
@@ -82,6 +76,8 @@ def cmd_bench_kv(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_decoding(args: argparse.Namespace) -> int:
+    from ..bench.decoding import DecodingBench, bench_decoding, format_decoding
+
     device = parse_device(args.device)
     with bad_input():
         options = DecodingBench(
@@ -110,6 +106,8 @@ def cmd_bench_decoding(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_batching(args: argparse.Namespace) -> int:
+    from ..bench.batching import BatchingBench, bench_batching, format_batching
+
     with bad_input():
         options = BatchingBench(
             n_requests=args.requests,
@@ -139,6 +137,8 @@ def cmd_bench_batching(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from ..bench.serve import ServeBench, bench_serve, format_serve
+
     with bad_input():
         options = ServeBench(
             model=args.model,
@@ -170,7 +170,9 @@ def report_figures(args: argparse.Namespace, name: str, figures: dict, text: str
     if args.json:
         write_json(args.json, figures)
     if not args.no_save:
-        print(f"figures saved to {report.save_result(name, figures)}")
+        from ..measure.report import save_result
+
+        print(f"figures saved to {save_result(name, figures)}")
     return 0
 
 
@@ -236,6 +238,8 @@ def add_bench(commands) -> None:
 
 
 def cmd_bench_compression(args: argparse.Namespace) -> int:
+    from ..bench.compression import TECHNIQUE_NAMES, CompressionBench, bench_compression, format_compression
+
     with bad_input():
         o = CompressionBench(
             shape=args.shape,
@@ -261,7 +265,9 @@ def cmd_bench_compression(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, figures)
     if not args.no_save:
-        print(f"figures saved to {report.save_result('bench_compression', figures)}")
+        from ..measure.report import save_result
+
+        print(f"figures saved to {save_result('bench_compression', figures)}")
     return 0
 
 
@@ -274,7 +280,7 @@ def add_bench_compression(kinds) -> None:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="a subset of: " + "; ".join(TECHNIQUE_NAMES).replace("%", "%%"),
+        help="a subset of the techniques, by the names the table prints (default: all)",
     )
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16], help="decode batch sizes (default: 1 16)")
     p.add_argument("--context", type=int, default=128, help="tokens in the cache while decoding (default: 128)")
@@ -309,6 +315,9 @@ def add_bench_batching(kinds) -> None:
 
 
 def cmd_bench_disagg(args: argparse.Namespace) -> int:
+    from ..bench.disagg import DisaggBench, SimulatedSweep, bench_disagg, format_disagg
+    from ..serving.disagg import WorkerError
+
     with bad_input():
         options = DisaggBench(
             model=args.model,
@@ -384,6 +393,10 @@ def add_bench_serve(kinds) -> None:
 
 
 def cmd_bench_parallel(args: argparse.Namespace) -> int:
+    from ..bench.parallel import ParallelBench, bench_parallel, format_parallel
+    from ..parallel.launch import RankError
+    from ..serving.disagg import WorkerError
+
     with bad_input():
         changes = {"model": args.model, "ranks": tuple(args.ranks), "replicas": tuple(args.replicas)}
         for name in ("prompt_len", "decode_tokens", "repeats"):
@@ -422,6 +435,8 @@ def add_bench_parallel(kinds) -> None:
 
 
 def cmd_bench_capstone(args: argparse.Namespace) -> int:
+    from ..bench.capstone import CapstoneBench, bench_capstone, format_capstone
+
     with bad_input():
         options = CapstoneBench(
             shape=args.shape,
