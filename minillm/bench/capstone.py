@@ -42,7 +42,7 @@ from ..decoding.common import mean_acceptance, merged
 from ..decoding.prompt_lookup import prompt_lookup_generate
 from ..decoding.speculative import predicted_speedup, speculative_generate
 from ..measure.metrics import SLO, RequestMetrics, span
-from ..measure.quality import greedy_agreement, perplexity
+from ..measure.quality import continuation_agreement, perplexity
 from ..measure.report import finish_provenance, format_table, provenance, wrap_line
 from ..measure.timing import interleaved
 from ..serving.engine import EngineConfig
@@ -238,7 +238,7 @@ def ladder_quality(o: CapstoneBench) -> tuple[list[dict], dict[str, Transformer]
         model = models[rung.name]
         new_weights = rung.weights not in measured
         if new_weights:
-            agreement = greedy_agreement(model, reference, prompts, o.new_tokens)
+            agreement = continuation_agreement(model, reference, prompts, o.new_tokens)
             measured[rung.weights] = (perplexity(model, valid, 256, o.quality_windows), agreement)
         ppl, agreement = measured[rung.weights]
         agreement = agreement if new_weights else None

@@ -29,7 +29,7 @@ from ..core.checkpoints import load
 from ..core.config import ModelConfig, shape_config
 from ..core.device import best_device
 from ..core.model import Transformer, random_model
-from ..measure.quality import greedy_agreement, logit_difference, perplexity
+from ..measure.quality import continuation_agreement, logit_difference, perplexity
 from ..measure.report import describe, finish_provenance, format_table, provenance
 from ..measure.timing import interleaved
 from ..training.corpus import corpus_prompts
@@ -248,7 +248,7 @@ def quality(o: CompressionBench) -> list[dict]:
             {
                 "technique": name,
                 "perplexity": perplexity(model, valid, 256, o.quality_windows),
-                "agreement": greedy_agreement(model, reference, prompts, 32),
+                "agreement": continuation_agreement(model, reference, prompts, 32),
                 "max_logit_diff": diff["max_abs"],
                 "mean_logit_diff": diff["mean_abs"],
                 "model_bytes": model_bytes(model),

@@ -43,10 +43,10 @@ from ..training.train import (
     BUNDLED_SHAPES,
     TrainConfig,
     adamw,
+    argmax_agreement,
     encode_split,
     eval_due,
     evaluate,
-    greedy_agreement,
     lr_at,
     optimizer_step,
     random_windows,
@@ -304,5 +304,5 @@ def draft_figures(draft: Transformer, target: Transformer, valid_ids: Tensor, se
         "valid_loss": loss,
         "valid_ppl": math.exp(loss),
         "kl_to_target": kl_to_teacher(draft, target, valid_ids, seq_len),
-        "greedy_agreement": greedy_agreement(draft, target, valid_ids, seq_len),
+        "greedy_agreement": argmax_agreement(draft, target, valid_ids, seq_len),
     }

@@ -93,7 +93,7 @@ def logit_difference(model: Transformer, reference: Transformer, ids: torch.Tens
 
 
 @torch.inference_mode()
-def greedy_agreement(
+def continuation_agreement(
     model: Transformer, reference: Transformer, prompts: Sequence[Sequence[int]], new_tokens: int = 64
 ) -> float:
     """Fraction of the reference's own greedy continuations that ``model`` predicts too.

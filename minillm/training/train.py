@@ -229,7 +229,7 @@ def training_record(
 
 
 @torch.no_grad()
-def greedy_agreement(draft: Transformer, target: Transformer, ids: torch.Tensor, seq_len: int = 256) -> float:
+def argmax_agreement(draft: Transformer, target: Transformer, ids: torch.Tensor, seq_len: int = 256) -> float:
     """Fraction of positions where two models' argmax next tokens agree, over windows of ``ids``.
 
     A first estimate of the greedy acceptance rate of speculative decoding with this pair."""
@@ -290,7 +290,7 @@ def write_model_card(
     ]
     if compare_with is not None:
         other, _ = load(compare_with, device="cpu")
-        agreement = greedy_agreement(model, other, valid, tc["seq_len"])
+        agreement = argmax_agreement(model, other, valid, tc["seq_len"])
         lines += [
             "",
             f"Greedy next-token agreement with {compare_with} on the validation split: {agreement:.1%} "

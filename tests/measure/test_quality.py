@@ -8,7 +8,7 @@ import torch
 from minillm import KVCache
 from minillm.kv.compressed import SlidingWindowCache
 from minillm.measure.quality import (
-    greedy_agreement,
+    continuation_agreement,
     layer_output_errors,
     logit_difference,
     mean_perplexity,
@@ -60,10 +60,10 @@ def test_a_model_agrees_with_itself_and_differs_from_another():
     diff = logit_difference(other, model, ids)
     assert diff["max_abs"] > 0 and diff["mean_abs"] <= diff["max_abs"]
     prompts = [[1, 2, 3], [4, 5]]
-    assert greedy_agreement(model, model, prompts, new_tokens=6) == 1.0
-    assert greedy_agreement(other, model, prompts, new_tokens=6) < 1.0
+    assert continuation_agreement(model, model, prompts, new_tokens=6) == 1.0
+    assert continuation_agreement(other, model, prompts, new_tokens=6) < 1.0
     with pytest.raises(ValueError, match="new_tokens"):
-        greedy_agreement(model, model, prompts, new_tokens=0)
+        continuation_agreement(model, model, prompts, new_tokens=0)
 
 
 def test_layer_output_errors_are_zero_for_the_same_model_and_grow_downstream_of_a_change():

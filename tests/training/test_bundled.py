@@ -10,7 +10,7 @@ import torch
 
 import minillm
 from minillm.core.checkpoints import BUNDLED_DIR
-from minillm.training.train import TOKENIZER_DIR, encode_split, evaluate, greedy_agreement
+from minillm.training.train import TOKENIZER_DIR, argmax_agreement, encode_split, evaluate
 
 pytestmark = pytest.mark.xdist_group("bundled")  # one worker loads them once
 NAMES = ("minillm-target", "minillm-draft")
@@ -65,7 +65,7 @@ def test_training_logs_agree_with_a_fresh_evaluation(pair, valid_ids):
 
 def test_draft_and_target_agree_often_enough_for_speculation(pair, valid_ids):
     target, draft, _ = pair
-    assert greedy_agreement(draft, target, valid_ids) >= 0.5
+    assert argmax_agreement(draft, target, valid_ids) >= 0.5
 
 
 def sampled_text(model, tok, prompt: str, n: int = 160) -> str:
