@@ -186,6 +186,9 @@ class _Worker:
         self.decoder_of: dict[int, int] = {}  # prefill: request id -> decode rank
         self.sends: list[tuple[object, torch.Tensor]] = []  # prefill: (isend work, tensor) in flight
         self.waiting: deque[tuple[Handoff, int]] = deque()  # decode: (handoff, source rank) not yet taken in
+        # decode: handoffs of a run whose "start" has not arrived yet. The router's "start" and a
+        # prefill worker's "handoff" reach this inbox from two processes, in either order.
+        self.early: list[tuple[float, Handoff, int]] = []  # (run's t0, handoff, source rank)
         self.steps = 0
 
     def clock(self) -> float:
@@ -227,7 +230,8 @@ class _Worker:
             self.t0, self.run_config, self.steps = message[1], message[2], 0
             self.engine = self.new_engine()
             self.decoder_of.clear()
-            self.waiting.clear()
+            self.waiting = deque((h, src) for run, h, src in self.early if run == self.t0)
+            self.early.clear()
         elif kind == "request":  # prefill or colocated: (request, decode rank)
             _, request, decoder = message
             self.decoder_of[request.id] = decoder
@@ -236,7 +240,11 @@ class _Worker:
             except ValueError as e:  # the router checks first; should one slip through, it fails alone
                 self.fail(request, e)
         elif kind == "handoff":  # decode: a prefilled request whose K/V wait at the source rank
-            self.waiting.append((message[1], message[2]))
+            _, handoff, source, run = message
+            if run == self.t0:
+                self.waiting.append((handoff, source))
+            else:  # its run's "start" is still on its way: keep it for that run
+                self.early.append((run, handoff, source))
         elif kind == "report":  # the run is over: send the step log
             self.outbox.put(("log", self.spec.rank, self.spec.role, list(self.engine.step_log)))
         else:
@@ -279,7 +287,7 @@ class _Worker:
             dst = self.decoder_of.pop(rid)
             kv = h.kv.to(self.wire).contiguous()
             self.sends.append((torch.distributed.isend(kv, dst, tag=rid), kv))
-            self.inboxes[dst].put(("handoff", h.without_kv(), self.spec.rank))
+            self.inboxes[dst].put(("handoff", h.without_kv(), self.spec.rank, self.t0))
             self.outbox.put(("prefilled", self.spec.rank, rid, h.nbytes))
 
     def finish_sends(self) -> None:

@@ -232,3 +232,23 @@ def test_worker_devices():
     assert worker_device("cpu", 3) == "cpu"
     if torch.cuda.is_available():
         assert worker_device("cuda", 1) == f"cuda:{1 % torch.cuda.device_count()}"
+
+
+def test_a_handoff_that_overtakes_its_runs_start_waits_for_it(model):
+    """The router's "start" and a prefill worker's "handoff" reach a decode worker's inbox from two
+    processes, in either order: a handoff of the next run that comes first is kept for that run,
+    not dropped when its "start" resets the worker (under load this hung a run for its timeout)."""
+    from minillm.serving.disagg import _Worker, _WorkerSpec
+    from minillm.serving.handoff import Handoff
+
+    spec = _WorkerSpec(1, "decode", MODEL, config(), 2, None)
+    worker = _Worker(spec, model, inbox=None, outbox=None, inboxes=[])
+    early = Handoff(Request([1, 2, 3], 4, id=7), 5, 0.0, None, 0)
+    worker.handle(("handoff", early, 0, 123.0))  # the next run's handoff, before that run's start
+    assert not worker.runnable() and worker.early
+    worker.handle(("start", 123.0, config()))
+    assert list(worker.waiting) == [(early, 0)] and worker.early == []
+    worker.handle(("handoff", early, 0, 123.0))  # one of the current run: taken at once
+    assert len(worker.waiting) == 2
+    worker.handle(("start", 456.0, config()))  # a later run never takes in an older run's handoff
+    assert not worker.waiting
