@@ -133,11 +133,13 @@ NEEDS = re.compile(r"^%%needs\s+(.*)$")
 class SolutionRun:
     """One in-process run of a solution notebook: ``stubbed[i]`` is the exception the notebook
     raised from region ``i`` on with that region stubbed (None if it ran to the end: a check that
-    cannot fail); ``mismatches`` lists the checked cells whose printed output differs from the
-    committed one."""
+    cannot fail); ``failures`` maps a code cell (numbered among the code cells) to what went wrong
+    in the solved run: the exception it raised, or, for a checked cell, how its printed output
+    differs from the committed one. ``code_cells`` counts them."""
 
     stubbed: list[BaseException | None] = field(default_factory=list)
-    mismatches: list[str] = field(default_factory=list)
+    failures: dict[int, str] = field(default_factory=dict)
+    code_cells: int = 0
 
 
 def _cell_code(cell: dict) -> str | None:
@@ -197,10 +199,15 @@ def run_solution(solution: dict, cwd: Path) -> SolutionRun:
             for region in range(count_regions(code)):
                 run.stubbed.append(_first_error([stub_source(code, only=region), *rest], dict(namespace)))
             printed = io.StringIO()
-            with contextlib.redirect_stdout(printed):
-                exec(compile(code, f"<solution cell {i}>", "exec"), namespace)
+            try:  # as nbval does, a failing cell is reported and the next cells still run
+                with contextlib.redirect_stdout(printed):
+                    exec(compile(code, f"<solution cell {i}>", "exec"), namespace)
+            except Exception as error:  # noqa: BLE001 - reported as this cell's failure
+                run.failures[i] = f"raised {type(error).__name__}: {error}"
+                continue
             if CHECK_TAG in cell.get("metadata", {}).get("tags", []) and printed.getvalue() != _committed_text(cell):
-                run.mismatches.append(f"cell {i}: printed {printed.getvalue()!r}, committed {_committed_text(cell)!r}")
+                run.failures[i] = f"printed {printed.getvalue()!r}, committed {_committed_text(cell)!r}"
+    run.code_cells = len(cells)
     return run
 
 

@@ -94,14 +94,22 @@ def solution_run(path: Path) -> ex.SolutionRun:
     return _RUNS[path]
 
 
+def _code_cells(path: Path) -> int:
+    return sum(1 for c in nbfiles.read_notebook(path)["cells"] if c["cell_type"] == "code")
+
+
+CELLS = [(p, i) for p in SOLUTIONS for i in range(_code_cells(p))]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
-def test_every_solution_passes_its_checks_and_prints_its_committed_outputs(path):
-    """The solved notebook runs (every check cell prints its pass line) and its checked cells print
-    what the committed notebook shows: the solutions' execution in this suite, in-process."""
+@pytest.mark.parametrize("path, cell", CELLS, ids=[f"{p.stem}-cell{i}" for p, i in CELLS])
+def test_every_solution_cell_runs_and_prints_its_committed_output(path, cell):
+    """The solved notebook runs cell by cell (every check cell prints its pass line), and its
+    checked cells print what the committed notebook shows: the solutions' one execution in this
+    suite, in-process, reported per cell as nbval would."""
     run = solution_run(path)
-    assert run.mismatches == []
-    assert len(run.stubbed) == _regions(nbfiles.read_notebook(path))
+    assert run.code_cells == _code_cells(path) and len(run.stubbed) == _regions(nbfiles.read_notebook(path))
+    assert cell not in run.failures, f"{path.name}, code cell {cell}: {run.failures[cell]}"
 
 
 @pytest.mark.slow
@@ -136,7 +144,10 @@ def test_a_stubbed_run_reports_each_region_and_a_check_that_cannot_fail(tmp_path
     nb.cells[3].outputs = [nbformat.v4.new_output("stream", name="stdout", text="41\n")]
     run = ex.run_solution(nb, cwd=tmp_path)
     assert isinstance(run.stubbed[0], NotImplementedError) and run.stubbed[1] is None
-    assert run.mismatches == ["cell 3: printed '42\\n', committed '41\\n'"]
+    assert run.failures == {3: "printed '42\\n', committed '41\\n'"} and run.code_cells == 4
+    nb.cells.append(nbformat.v4.new_code_cell("1 / 0"))  # a failing cell is reported, as nbval would
+    run = ex.run_solution(nb, cwd=tmp_path)
+    assert run.failures[4] == "raised ZeroDivisionError: division by zero" and run.code_cells == 5
 
 
 def test_checkers_reject_plausible_wrong_answers():
