@@ -44,12 +44,25 @@ from .runtime import RuntimeOptions, load, load_model
 
 __version__ = "0.1.0"
 
+# Reachable from the top, imported on first use (PEP 562), so ``import minillm`` stays light.
+_LAZY = {"quantize": "compression", "prune": "compression", "distill": "compression", "LLM": "serving"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'minillm' has no attribute {name!r}")
+
+
 __all__ = [
     "PRESETS",
     "CacheFullError",
     "CheckpointError",
     "CrossLayerKVCache",
     "GenerationResult",
+    "LLM",
     "KVCache",
     "ModelConfig",
     "QuantizedKVCache",
@@ -61,10 +74,13 @@ __all__ = [
     "Tokenizer",
     "Transformer",
     "bundled_models",
+    "distill",
     "generate",
     "load",
     "load_model",
     "preset",
+    "prune",
+    "quantize",
     "random_model",
     "sample",
     "save_pretrained",

@@ -113,6 +113,19 @@ def resolve_eos(eos_token_id, config) -> tuple[int, ...]:
 
 
 @torch.inference_mode()
+def sampling_params(
+    sampling: SamplingParams | None, temperature: float, top_k: int | None, top_p: float | None, seed: int | None
+) -> SamplingParams:
+    """``sampling`` itself, or one made of the keyword sugar; both at once is refused."""
+    if sampling is None:
+        return SamplingParams(temperature, top_k, top_p, seed)
+    if not isinstance(sampling, SamplingParams):
+        raise ValueError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    if (temperature, top_k, top_p, seed) != (0.0, None, None, None):
+        raise ValueError("pass either sampling=SamplingParams(...) or temperature/top_k/top_p/seed, not both")
+    return sampling
+
+
 def generate(
     model: Transformer,
     input_ids,
@@ -126,8 +139,13 @@ def generate(
     on_token: Callable[[Tensor], None] | None = None,
     cache: Cache | None = None,
     compile: bool = False,
+    sampling: SamplingParams | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after each prompt.
+
+    ``sampling``: a ``SamplingParams``, as every decoder and ``Request`` take (the documented
+    way); ``temperature``, ``top_k``, ``top_p`` and ``seed`` are keyword sugar for one, and cannot
+    be given beside it. Greedy by default.
 
     ``input_ids``: a LongTensor (T,) or (B, T), a list of ids, or a list of lists of different
     lengths. Generation stops at ``max_new_tokens`` or when every row has produced an EOS: by
@@ -135,7 +153,7 @@ def generate(
     each step's tokens (B,), for streaming; its time counts in the step's timing, as it does
     for a user watching the stream.
     """
-    params = SamplingParams(temperature, top_k, top_p, seed)
+    params = sampling_params(sampling, temperature, top_k, top_p, seed)
     prompts = token_rows(input_ids)
     check_request(prompts, max_new_tokens, model.config)
     eos_ids = resolve_eos(eos_token_id, model.config)

@@ -3,5 +3,13 @@ continuous batching, chunked prefill, preemption) and the engine that runs its s
 the async engine that runs that loop for many concurrent callers, and the OpenAI-compatible HTTP
 server on it (``http``; its web framework is imported only when a server is made); prefill/decode
 disaggregation over worker processes (``disagg``), and N whole replicas behind a router
-(``replicas``, chapter 15's data parallelism).
+(``replicas``, chapter 15's data parallelism); ``LLM``, offline batch generation on the engine.
 """
+
+from .async_engine import AsyncEngine
+from .engine import Engine, EngineConfig, RequestOutput
+from .llm import LLM, Completion
+from .scheduler import SchedulerConfig
+from .workload import Request
+
+__all__ = ["LLM", "AsyncEngine", "Completion", "Engine", "EngineConfig", "Request", "RequestOutput", "SchedulerConfig"]

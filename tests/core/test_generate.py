@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+import minillm
 from minillm import CacheFullError, GenerationResult, KVCache, generate, preset
 from minillm.core.generate import left_pad
 from tests.conftest import tiny_config, tiny_model
@@ -422,3 +423,21 @@ def test_cache_constructor_refuses_non_positive_sizes():
         KVCache(tiny_config(), 0, 16)
     with pytest.raises(ValueError, match="max_len"):
         KVCache(tiny_config(), 1, 0)
+
+
+def test_generate_takes_the_sampling_params_every_decoder_takes(model):
+    """generate(..., sampling=SamplingParams(...)) is the keyword sugar's twin, and both at once
+    are refused with a reason."""
+    from minillm import SamplingParams
+
+    ids = [1, 2, 3, 4]
+    params = SamplingParams(temperature=0.9, top_k=20, seed=3)
+    one = minillm.generate(model, ids, 8, sampling=params, eos_token_id=None)
+    sugar = minillm.generate(model, ids, 8, temperature=0.9, top_k=20, seed=3, eos_token_id=None)
+    assert one.tokens.tolist() == sugar.tokens.tolist()
+    greedy = minillm.generate(model, ids, 8, sampling=SamplingParams(), eos_token_id=None)
+    assert greedy.tokens.tolist() == minillm.generate(model, ids, 8, eos_token_id=None).tokens.tolist()
+    with pytest.raises(ValueError, match="not both"):
+        minillm.generate(model, ids, 8, sampling=params, temperature=0.5)
+    with pytest.raises(ValueError, match="sampling must be a SamplingParams"):
+        minillm.generate(model, ids, 8, sampling={"temperature": 0.5})
