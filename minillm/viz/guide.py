@@ -2,7 +2,7 @@
 what to try on the right, with the chapters that teach it and, in small print beneath, the
 measured figure behind it.
 
-It draws what ``minillm.bench.guide.decision_guide`` returns (any objects with the fields of a
+It draws what ``minillm.book.guide.decision_guide`` returns (any objects with the fields of a
 ``GuideEntry``: symptom, techniques, chapters, evidence, source); it imports nothing from bench.
 """
 

@@ -1,4 +1,4 @@
-"""The decision guide (bench.guide, viz.guide): every evidence sentence holds the figures of the
+"""The decision guide (book.guide, viz.guide): every evidence sentence holds the figures of the
 saved JSON it names, recomputed here from the raw fields; no saved run means a 'no saved run'
 sentence, not an exception; a new result changes its entry; the chapters named exist; the text
 fits the page; the diagram shows every symptom without overlapping text."""
@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from minillm.bench.guide import (  # noqa: E402
+from minillm.book.guide import (  # noqa: E402
     SYMPTOMS,
     decision_guide,
     format_guide,
