@@ -45,6 +45,7 @@ from ..measure.metrics import SLO, RequestMetrics, span
 from ..measure.quality import continuation_agreement, perplexity
 from ..measure.report import finish_provenance, format_table, provenance, wrap_line
 from ..measure.timing import interleaved
+from ..serving.client import run_workload, server_process, wait_healthy
 from ..serving.engine import EngineConfig
 from ..serving.scheduler import SchedulerConfig
 from ..serving.workload import Request, chat_trace, random_prompt, requests_from_trace
@@ -54,7 +55,7 @@ from .batching import SIGMA
 from .decoding import greedy_tokens, measure_forward_ms, time_methods, tokens_and_stats
 from .lookup import copy_task_prompts
 from .roofline import measure_bandwidth
-from .serve import rate_figures, run_workload, server_process, wait_healthy
+from .serve import rate_figures
 from .serving import run_measured, serving_figures
 
 

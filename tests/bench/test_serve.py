@@ -16,11 +16,10 @@ from minillm.bench.serve import (
     curve_rows,
     format_serve,
     rate_figures,
-    run_coroutine,
-    run_workload,
     workload,
 )
 from minillm.measure.metrics import SLO, span
+from minillm.serving.client import run_coroutine, run_workload
 from minillm.serving.http import create_app
 from tests.serving.conftest import LiveServer, make_engine, save_tiny_checkpoint
 from tests.test_cli import assert_one_line_error, run_main

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import minillm
-from minillm.bench.serve import _last_line, _server_url
+from minillm.serving.client import last_line, server_url
 from minillm.serving.http import collect, create_app, sse_events
 from minillm.serving.openai_api import APIError, Job, Piece, render_chat
 from minillm.serving.workload import Request
@@ -407,7 +407,7 @@ def test_sigterm_with_requests_in_flight_exits_0_within_the_bound(checkpoint):
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe nobody reads: a chatty server never blocks on it
         proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
-            url = _server_url(proc, 60, log)
+            url = server_url(proc, 60, log)
             started, ended = threading.Barrier(5, timeout=60), []
 
             def stream_one():
@@ -424,7 +424,7 @@ def test_sigterm_with_requests_in_flight_exits_0_within_the_bound(checkpoint):
             started.wait()
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=20) == 0, _last_line(log)
+            assert proc.wait(timeout=20) == 0, last_line(log)
             assert time.monotonic() - t0 < 8
             for c in clients:
                 c.join(10)
