@@ -32,7 +32,7 @@ def bytes_per_element(dtype: str | torch.dtype) -> float:
 
 def kv_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "fp16") -> float:
     """K and V of one token across every layer."""
-    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_element(dtype)
+    return config.kv_bytes(1, bytes_per_element(dtype))
 
 
 def kv_cache_bytes(config: ModelConfig, seq_len: int, batch: int = 1, dtype: str | torch.dtype = "fp16") -> float:

@@ -63,13 +63,11 @@ LINKS: dict[str, Link] = {
 
 
 def kv_bytes(config: ModelConfig, tokens: int, dtype_bytes: int = 2) -> int:
-    """Bytes of K and V for ``tokens`` tokens: 2 x n_layers x n_kv_heads x head_dim x tokens x
-    dtype_bytes. The same arithmetic as ``kv.memory.kv_cache_bytes`` and
-    ``serving.handoff.kv_handoff_bytes``, which ``measure`` may not import (a test holds the three
-    equal)."""
+    """Bytes of K and V for ``tokens`` tokens (``ModelConfig.kv_bytes``), checked: a whole number
+    of tokens and of bytes per element, as a handoff or a transfer has."""
     check_positive_int("tokens", tokens)
     check_positive_int("dtype_bytes", dtype_bytes)
-    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * tokens * dtype_bytes
+    return config.kv_bytes(tokens, dtype_bytes)
 
 
 def prefill_flops(config: ModelConfig, tokens: int) -> float:

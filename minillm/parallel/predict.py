@@ -140,8 +140,7 @@ def rank_weight_bytes(config: ModelConfig, tp: int, dtype_bytes: int = 2, vocab_
 
 def rank_kv_bytes(config: ModelConfig, tp: int, batch: int, context: int, dtype_bytes: int = 2) -> int:
     """K/V bytes one rank reads to attend ``batch`` sequences of ``context`` tokens."""
-    c = local_config(config, tp)
-    return 2 * config.n_layers * c.n_kv_heads * c.head_dim * batch * context * dtype_bytes
+    return local_config(config, tp).kv_bytes(batch * context, dtype_bytes)
 
 
 def rank_decode_flops(config: ModelConfig, tp: int, batch: int, context: int, vocab_parallel: bool = False) -> float:

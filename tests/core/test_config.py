@@ -221,3 +221,20 @@ def test_preset_shapes_are_consistent():
 @pytest.mark.parametrize("n, d, expected", [(0, 16, 0), (1, 16, 1), (16, 16, 1), (17, 16, 2), (5, 1, 5)])
 def test_ceil_div(n, d, expected):
     assert ceil_div(n, d) == expected
+
+
+def test_the_kv_bytes_formula_is_one_and_every_layer_uses_it():
+    """ModelConfig.kv_bytes is the one formula: the cache sizes (kv.memory), a handoff
+    (serving.handoff), a transfer (measure.links) and a tensor-parallel rank (parallel.predict)."""
+    from minillm.kv.memory import kv_bytes_per_token, kv_cache_bytes
+    from minillm.measure.links import kv_bytes
+    from minillm.parallel.predict import rank_kv_bytes
+    from minillm.serving.handoff import kv_handoff_bytes
+
+    c = preset("Llama-3-8B")
+    assert c.kv_bytes(4096, 2) == 2 * 32 * 8 * 128 * 4096 * 2
+    assert kv_bytes_per_token(c, "bf16") == c.kv_bytes(1, 2) and kv_cache_bytes(c, 4096, 3, "bf16") == 3 * c.kv_bytes(
+        4096
+    )
+    assert kv_bytes(c, 4096, 2) == kv_handoff_bytes(c, 4096, 2) == c.kv_bytes(4096, 2)
+    assert rank_kv_bytes(c, 4, 2, 1024, 2) == c.kv_bytes(2 * 1024, 2) / 4  # 8 K/V heads over 4 ranks
