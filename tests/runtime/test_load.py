@@ -68,3 +68,12 @@ def test_quantized_and_compiled_decoding_gives_the_quantized_tokens():
     eager = minillm.generate(model, ids, 12, eos_token_id=None)
     compiled = minillm.generate(model, ids, 12, eos_token_id=None, compile=True)
     assert compiled.tokens.tolist() == eager.tokens.tolist()
+
+
+def test_a_quantized_model_asks_for_no_gradient(tmp_path):
+    """What lets torch.compile trace it (the packed matmuls have no derivative), saved or not."""
+    model, tokenizer = load_model("minillm-draft", RuntimeOptions(device="cpu", quantize="int8"))
+    assert not any(p.requires_grad for p in model.parameters())
+    save_quantized(model, tmp_path, tokenizer)
+    assert not any(p.requires_grad for p in minillm.load(tmp_path, device="cpu")[0].parameters())
+    assert any(p.requires_grad for p in minillm.load("minillm-draft", device="cpu")[0].parameters())  # dense: as loaded
