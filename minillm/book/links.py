@@ -108,8 +108,8 @@ def chapter_modules(nb: dict) -> list[str]:
         "minillm.measure.report",
         "minillm.core.checkpoints",
         "minillm.runtime.load",
+        "minillm.viz.style",
     )
-    everywhere += ("minillm.viz.style",)
     return sorted((m for m in found if m not in everywhere and not m.startswith("minillm.book.")), key=_layer_order)
 
 

@@ -83,7 +83,7 @@ def load_quantized(name_or_path: str | os.PathLike, device=None, dtype: torch.dt
     model.quantization = {k: quant.get(k) for k in ("scheme", "group_size", "method")}
     prepare_kernels(model.eval())
     tokenizer = Tokenizer.from_dir(directory) if (directory / "tokenizer.json").is_file() else None
-    return model.eval(), tokenizer
+    return model.eval().requires_grad_(False), tokenizer  # for inference, as quantize() leaves it
 
 
 def _read_state(directory: Path, config, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:

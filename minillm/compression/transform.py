@@ -43,7 +43,10 @@ def quantize(
     (round to nearest), "gptq" or "awq" (both need ``calibration``: token ids (n, T) from the
     training split, e.g. ``calibration_batches``). ``skip`` names layers kept as they are. A tied
     LM head is quantized too; the embedding it shared stays in full precision for the lookup.
-    The scheme is recorded on the model (``model.quantization``) for saving.
+    The scheme is recorded on the model (``model.quantization``) for saving. A quantized model
+    is for inference: it asks for no gradient (its packed weights have none, and with no
+    parameter asking for one torch.compile traces no backward through PyTorch's packed int8/int4
+    matmuls, which have no derivative).
     """
     spec = QuantSpec.make(scheme, group_size)
     if method not in METHODS:
@@ -63,5 +66,6 @@ def quantize(
     else:
         CALIBRATED[method](model, spec, calibration, targets, **method_options)
     prepare_kernels(model)
+    model.requires_grad_(False)
     model.quantization = {"scheme": spec.scheme, "group_size": spec.group_size, "method": method, "skip": list(skip)}
     return model

@@ -81,16 +81,12 @@ def load_model(
     if is_quantized_checkpoint(name_or_path):
         if options.quantize is not None:
             raise ValueError(f"{name_or_path} is already quantized: drop quantize ({options.quantize})")
-        model, tokenizer = load_quantized(name_or_path, device=options.device, dtype=options.dtype)
-        return model.requires_grad_(False), tokenizer
+        return load_quantized(name_or_path, device=options.device, dtype=options.dtype)
     model, tokenizer = load_checkpoint(name_or_path, device=options.device, dtype=compute_dtype(options))
     if options.quantize is not None:
         from ..compression import quantize
 
-        # A quantized model is for inference: its packed weights have no gradient, and with no
-        # parameter asking for one torch.compile traces no backward (PyTorch's packed int8/int4
-        # matmuls have no derivative, so tracing one fails).
-        quantize(model, options.quantize, options.group_size).requires_grad_(False)
+        quantize(model, options.quantize, options.group_size)
     return model, tokenizer
 
 

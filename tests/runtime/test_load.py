@@ -77,3 +77,5 @@ def test_a_quantized_model_asks_for_no_gradient(tmp_path):
     save_quantized(model, tmp_path, tokenizer)
     assert not any(p.requires_grad for p in minillm.load(tmp_path, device="cpu")[0].parameters())
     assert any(p.requires_grad for p in minillm.load("minillm-draft", device="cpu")[0].parameters())  # dense: as loaded
+    direct = quantize(minillm.load("minillm-draft", device="cpu")[0], "int4", 32)  # the transform itself
+    assert not any(p.requires_grad for p in direct.parameters())
