@@ -1,17 +1,16 @@
-"""Chapter 7's measurements: speculative decoding against K and temperature, timed against plain
-decoding (``speculative_sweep``), and the acceptance rate a draft model would get on real text,
-without generating (``teacher_forced_acceptance``). The pictures are in ``viz.decoding``.
+"""Chapter 7's measurement: speculative decoding against K and temperature, timed against plain
+decoding (``speculative_sweep``). The acceptance rate a draft model would get on real text,
+without generating, is ``decoding.speculative.teacher_forced_acceptance``; the pictures are in
+``viz.decoding``.
 """
 
 from __future__ import annotations
 
-import torch
-
 from ..core.generate import generate
 from ..core.model import Transformer
-from ..core.sampling import SamplingParams, probabilities
+from ..core.sampling import SamplingParams
 from ..decoding.common import mean_acceptance, merged
-from ..decoding.speculative import acceptance_probability, speculative_generate
+from ..decoding.speculative import speculative_generate
 from .decoding import greedy_tokens, time_methods, tokens_and_stats
 
 
@@ -57,22 +56,3 @@ def speculative_sweep(
                 }
             )
     return rows
-
-
-@torch.inference_mode()
-def teacher_forced_acceptance(
-    target: Transformer, draft: Transformer, ids: list[int], temperatures=(0.0, 0.25, 0.5, 0.75, 1.0, 1.5)
-) -> dict[float, float]:
-    """Mean chance that one draft proposal is accepted, at each temperature, over the positions of
-    a real text ``ids``: sum_x min(p, q) of the two models' next-token distributions (at T = 0,
-    how often their argmaxes agree). No generation needed: one forward of each model."""
-    x = torch.tensor([ids], device=target.device)
-    lp, lq = target(x)[0].float(), draft(x)[0].float()  # (T, V) each
-    out = {}
-    for temp in temperatures:
-        if temp == 0:
-            out[temp] = float((lp.argmax(-1) == lq.argmax(-1)).float().mean())
-        else:
-            params = SamplingParams(temperature=temp)
-            out[temp] = float(acceptance_probability(probabilities(lp, params), probabilities(lq, params)).mean())
-    return out

@@ -15,8 +15,9 @@ greedy decoding makes both one-hot, and the same rule then accepts exactly on ar
 Rejected positions are rolled back with ``KVCache.truncate``.
 
 Here: the rule, the loop around any ``Drafter`` (``draft_and_verify``), the draft-model drafter
-(``speculative_generate``), and what to expect from an acceptance rate alpha (tokens per forward,
-speedup). The drafter without a model, prompt lookup, is in ``prompt_lookup``.
+(``speculative_generate``), the acceptance a draft model would get on a real text, read from one
+forward of each model (``teacher_forced_acceptance``), and what to expect from an acceptance rate
+alpha (tokens per forward, speedup). The drafter without a model, prompt lookup, is in ``prompt_lookup``.
 
 Batch size 1 only: rows of a batch accept different numbers of tokens.
 """
@@ -234,6 +235,25 @@ def acceptance_probability(p: Tensor, q: Tensor) -> Tensor:
     """sum_x min(p(x), q(x)) over the last dimension: the chance the rule accepts a proposal
     drawn from q when the target wants p (1 - their total-variation distance)."""
     return torch.minimum(p, q).sum(-1)
+
+
+@torch.inference_mode()
+def teacher_forced_acceptance(
+    target: Transformer, draft: Transformer, ids: list[int], temperatures=(0.0, 0.25, 0.5, 0.75, 1.0, 1.5)
+) -> dict[float, float]:
+    """Mean chance that one draft proposal is accepted, at each temperature, over the positions of
+    a real text ``ids``: sum_x min(p, q) of the two models' next-token distributions (at T = 0,
+    how often their argmaxes agree). No generation needed: one forward of each model."""
+    x = torch.tensor([ids], device=target.device)
+    lp, lq = target(x)[0].float(), draft(x)[0].float()  # (T, V) each
+    out = {}
+    for temp in temperatures:
+        if temp == 0:
+            out[temp] = float((lp.argmax(-1) == lq.argmax(-1)).float().mean())
+        else:
+            params = SamplingParams(temperature=temp)
+            out[temp] = float(acceptance_probability(probabilities(lp, params), probabilities(lq, params)).mean())
+    return out
 
 
 def expected_tokens_per_forward(alpha: float, k: int) -> float:

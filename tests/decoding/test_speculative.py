@@ -20,7 +20,7 @@ import minillm
 from minillm import generate
 from minillm.bench.decoding import measure_forward_ms
 from minillm.bench.lookup import copy_task_prompts, lookup_by_task, summarize_by_task
-from minillm.bench.speculative import speculative_sweep, teacher_forced_acceptance
+from minillm.bench.speculative import speculative_sweep
 from minillm.cli.main import main
 from minillm.core.sampling import SamplingParams
 from minillm.decoding import speculative as spec
@@ -31,6 +31,7 @@ from minillm.decoding.speculative import (
     expected_speedup,
     expected_tokens_per_forward,
     speculative_generate,
+    teacher_forced_acceptance,
 )
 from tests.conftest import tiny_config, tiny_model
 
