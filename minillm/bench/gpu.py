@@ -26,8 +26,9 @@ keeps what it measured. Without CUDA the script says so and exits 0, writing not
 
 The three kernel sections live in ``minillm.bench.gpu_kernels``, the compression section in
 ``minillm.bench.gpu_compression``, the disaggregation section in ``minillm.bench.gpu_disagg``,
-the tensor-parallel section in ``minillm.bench.gpu_parallel``; this module holds the decode section (through
-``minillm.kv.static.StaticDecodeCache``) and the runner.
+the tensor-parallel section in ``minillm.bench.gpu_parallel``, the decode step all of them time
+(its bytes, CUDA graph and timer) in ``minillm.bench.gpu_decode``; this module holds the decode
+section and the runner.
 """
 
 from __future__ import annotations
@@ -48,12 +49,12 @@ import torch
 from ..core.compiled import CompiledForward
 from ..core.device import cuda_half_dtype, hardware_description
 from ..core.model import random_model
-from ..kv.static import StaticDecodeCache
 from ..measure.report import gpu_slug, result_path
 from ..measure.roofline import DATASHEETS
-from ..measure.timing import repeat, timed
+from ..measure.timing import repeat
 from .capstone import LADDER, generate_as
 from .gpu_compression import compression_speed
+from .gpu_decode import decode_bytes, decode_step, median_step_seconds
 from .gpu_disagg import disagg_steps
 from .gpu_kernels import GOALS, SectionTimeout, attention_speed, check_correctness, paged_bandwidth
 from .gpu_parallel import tp_shard_decode
@@ -96,23 +97,6 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-def _decode_tokens_per_s(step: Callable, steps: int) -> float:
-    """Greedy steps per second of ``step(token, position)``, after 3 warm-up steps (a compiled
-    step marks its own CUDA-graph steps: ``core.compiled.CompiledForward``)."""
-    token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
-    position = 0
-
-    def run(n: int) -> None:
-        nonlocal token, position
-        for _ in range(n):
-            token = step(token, torch.full((1, 1), position, device="cuda")).clone()
-            position += 1
-
-    run(3)  # warm-up
-    seconds, _ = timed(lambda: run(steps), "cuda")
-    return steps / seconds
-
-
 def llama3_8b(out: dict):
     """A random Llama-3-8B in bf16 (fp16 where bf16 is not native) on the GPU, or None with the
     reason in ``out["skipped"]`` when it would not fit."""
@@ -131,16 +115,10 @@ def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
         return
     dtype = model.dtype
     max_len, steps = 512, 64
-    cache = StaticDecodeCache(model.config, 1, max_len, dtype)
-    embed = model.embed_tokens.weight
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) - embed.nbytes + embed[0].nbytes
-    step_bytes = weight_bytes + cache.k.nbytes + cache.v.nbytes  # every weight and the whole masked cache
+    step, cache = decode_step(model, 1, max_len)
+    step_bytes = decode_bytes(model, cache)  # every weight and the whole masked cache
     peak = datasheet_bandwidth(gpu_name)
     copy_bw = max(measure_bandwidth("cuda", megabytes=1024) for _ in range(3))
-
-    @torch.no_grad()
-    def step(token, pos):  # (1, 1), (1, 1) -> next token (1, 1)
-        return model(token, pos, cache)[:, -1].argmax(-1, keepdim=True)
 
     out.update(
         model="Llama-3-8B (random weights)",
@@ -168,7 +146,7 @@ def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
             out[name] = {"skipped": "time budget"}
             continue
         try:
-            tps = _decode_tokens_per_s(make(), steps)
+            tps = 1 / median_step_seconds(make(), 1, steps, "cuda")
             bw = tps * step_bytes
             out[name] = {
                 "tokens_per_s": tps,

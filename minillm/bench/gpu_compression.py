@@ -36,8 +36,7 @@ from ..compression.fastpath import check_kernel
 from ..compression.quant import QuantizedLinear, QuantSpec, quantized_layers
 from ..core.device import cuda_half_dtype
 from ..core.model import Transformer, random_model
-from ..kv.static import StaticDecodeCache
-from ..measure.timing import timed
+from .gpu_decode import cuda_graphed, decode_bytes, decode_step, median_step_seconds
 from .gpu_kernels import GOALS, SectionTimeout, _guarded, cuda_time
 from .roofline import measure_bandwidth
 
@@ -54,71 +53,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def decode_bytes(model: Transformer, cache: StaticDecodeCache) -> int:
-    """Bytes one decode step reads: every stored weight once (of the embedding only the looked-up
-    rows, unless the LM head shares it) and the whole fixed-size cache."""
-    embed = model.embed_tokens.weight
-    head = getattr(model.lm_head, "weight", None)
-    shared = head is not None and head.data_ptr() == embed.data_ptr()
-    unread = 0 if shared else embed.nbytes - cache.batch_size * embed[0].nbytes
-    return model_bytes(model) - unread + cache.k.nbytes + cache.v.nbytes
-
-
-def decode_steps_per_s(step: Callable[[Tensor, Tensor], Tensor], batch: int, steps: int, device) -> float:
-    """Steps/s of greedy decoding through step(token (B, 1), position (B, 1)) -> next token (B, 1)."""
-    token = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    position = 0
-
-    def run(n: int) -> None:
-        nonlocal token, position
-        for _ in range(n):
-            token = step(token, torch.full((batch, 1), position, device=device)).clone()
-            position += 1
-
-    run(2)  # warm-up
-    seconds, _ = timed(lambda: run(steps), device)
-    return steps / seconds
-
-
-def cuda_graphed(step: Callable[[Tensor, Tensor], Tensor], batch: int) -> Callable[[Tensor, Tensor], Tensor]:
-    """The step captured once as a CUDA graph: a replay launches all its kernels in one call.
-    The inputs are copied into the captured buffers; the returned tensor is overwritten by the
-    next replay (the caller clones it)."""
-    token = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
-    position = torch.zeros(batch, 1, dtype=torch.long, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up on a side stream, as capture wants
-        for _ in range(2):
-            step(token, position)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step(token, position)
-
-    def replay(t: Tensor, p: Tensor) -> Tensor:
-        token.copy_(t)
-        position.copy_(p)
-        graph.replay()
-        return out
-
-    return replay
-
-
 def _decode_entry(model: Transformer, batch: int, steps: int, eager: bool, graphed: bool) -> dict:
-    cache = StaticDecodeCache(model.config, batch, MAX_LEN, model.dtype, model.device)
+    step, cache = decode_step(model, batch, MAX_LEN)
     nbytes = decode_bytes(model, cache)
-
-    @torch.no_grad()
-    def step(token, pos):  # (B, 1), (B, 1) -> next token (B, 1)
-        return model(token, pos, cache)[:, -1].argmax(-1, keepdim=True)
-
     entry: dict = {"bytes_per_step": nbytes}
     if eager:
-        entry["eager_tokens_per_s"] = batch * decode_steps_per_s(step, batch, steps, model.device)
+        entry["eager_tokens_per_s"] = batch / median_step_seconds(step, batch, steps, model.device)
     if graphed:
-        rate = decode_steps_per_s(cuda_graphed(step, batch), batch, steps, model.device)
-        entry.update(graphed_tokens_per_s=batch * rate, GB_s=rate * nbytes / 1e9)
+        seconds = median_step_seconds(cuda_graphed(step, batch), batch, steps, model.device)
+        entry.update(graphed_tokens_per_s=batch / seconds, GB_s=nbytes / seconds / 1e9)
     return entry
 
 

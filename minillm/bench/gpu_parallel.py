@@ -15,48 +15,32 @@ speedups (8 x A100, NVLink; ``predict.PUBLISHED_TP_SPEEDUPS``). What the measure
 the bandwidth arithmetic alone does not: the weight bytes fall as 1/tp, but everything per layer
 that does not shrink (kernel launches, norms, the replicated head) stays, so the speedup bends
 below tp even before any communication. The steps are timed eagerly and as one CUDA graph each
-(``gpu_compression.cuda_graphed``, what gpt-fast's compiled decode also removes); the graphed
+(``gpu_decode.cuda_graphed``, what gpt-fast's compiled decode also removes); the graphed
 time is the one the prediction uses when there is one.
 
-Each step is timed alone, the device synchronized around it (``timing.timed``); the median
-over ``steps`` steps is reported. The K/V of ``context`` tokens is read by every step
-(``StaticDecodeCache``: a fixed-size cache that CUDA graphs need).
+Each step is timed alone, the device synchronized around it, and the median over ``steps``
+steps is reported (``gpu_decode.median_step_seconds``, the check's one decode timer). The K/V of
+``context`` tokens is read by every step (``core.compiled.StaticCache``: a fixed-size cache,
+which CUDA graphs need).
 """
 
 from __future__ import annotations
 
 import gc
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
-from torch import Tensor
 
 from ..core.config import ModelConfig, preset
 from ..core.model import random_model
-from ..kv.static import StaticDecodeCache
-from ..measure.timing import timed
 from ..parallel.predict import TP_LINKS, allreduce_seconds, published_speedups, tp_all_reduces_per_forward
 from ..parallel.tensor import check_tensor_parallel, local_config
-from .gpu_compression import cuda_graphed, decode_bytes
+from .gpu_decode import WARMUP, cuda_graphed, decode_bytes, decode_step, median_step_seconds
 
 MODEL = "Llama-2-7B"
 TPS = (1, 2, 4, 8)
 LINKS = ("NVLink 3 (A100)", "NVLink 4 (H100)")
-
-
-def median_step_seconds(step: Callable[[Tensor, Tensor], Tensor], steps: int, device, warmup: int = 3) -> float:
-    """The median seconds of one greedy decode step through step(token (1, 1), position (1, 1))
-    -> next token (1, 1), each step timed alone with the device synchronized around it."""
-    token = torch.zeros(1, 1, dtype=torch.long, device=device)
-    seconds = []
-    for position in range(warmup + steps):
-        pos = torch.full((1, 1), position, device=device)
-        elapsed, token = timed(lambda t=token, p=pos: step(t, p).clone(), device)
-        if position >= warmup:
-            seconds.append(elapsed)
-    return statistics.median(seconds)
 
 
 def shard_row(config: ModelConfig, tp: int, device, dtype, context: int, steps: int, graphed: bool) -> dict:
@@ -74,22 +58,16 @@ def shard_row(config: ModelConfig, tp: int, device, dtype, context: int, steps: 
 
 
 def _measure_shard(model, context: int, steps: int, graphed: bool) -> dict:
-    cache = StaticDecodeCache(model.config, 1, context, model.dtype, model.device)
-    nbytes = decode_bytes(model, cache)
-
-    @torch.no_grad()
-    def step(token, pos):  # (1, 1), (1, 1) -> next token (1, 1)
-        return model(token, pos, cache)[:, -1].argmax(-1, keepdim=True)
-
+    step, cache = decode_step(model, 1, context)
     row = {
         "params": sum(p.numel() for p in model.parameters()),
-        "bytes_per_step": nbytes,
-        "eager_ms": 1e3 * median_step_seconds(step, steps, model.device),
+        "bytes_per_step": decode_bytes(model, cache),
+        "eager_ms": 1e3 * median_step_seconds(step, 1, steps, model.device),
     }
     if graphed:
-        row["graphed_ms"] = 1e3 * median_step_seconds(cuda_graphed(step, 1), steps, model.device)
+        row["graphed_ms"] = 1e3 * median_step_seconds(cuda_graphed(step, 1), 1, steps, model.device)
     row["compute_ms"] = row.get("graphed_ms", row["eager_ms"])
-    row["GB_s"] = nbytes / (row["compute_ms"] / 1e3) / 1e9
+    row["GB_s"] = row["bytes_per_step"] / (row["compute_ms"] / 1e3) / 1e9
     return row
 
 
@@ -138,8 +116,8 @@ def tp_shard_decode(
     config = preset(model_config) if isinstance(model_config, str) else model_config
     for tp in tps:
         check_tensor_parallel(config, tp)
-    if 3 + steps > context:  # the warm-up and timed steps each take one slot of the fixed cache
-        raise ValueError(f"context ({context}) must hold the 3 warm-up and {steps} timed steps")
+    if WARMUP + steps > context:  # the warm-up and timed steps each take one slot of the fixed cache
+        raise ValueError(f"context ({context}) must hold the {WARMUP} warm-up and {steps} timed steps")
     device = torch.device(device)
     graphed = device.type == "cuda" if graphed is None else graphed
     out.update(

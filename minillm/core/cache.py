@@ -13,9 +13,9 @@
 
 ``KVCache`` is the contiguous kind of chapter 4, preallocated as in gpt-fast, on ``SlotBuffers``
 (the K/V buffers and the position of each slot). The compressed kinds of chapter 5 are in
-``minillm.kv.compressed``, the paged one in ``minillm.kv.paged``, the fixed-shape ones for
-compiled decoding in ``minillm.core.compiled`` (``StaticCache``, what ``generate(compile=True)``
-uses) and ``minillm.kv.static`` (one buffer for hand-captured CUDA graphs).
+``minillm.kv.compressed``, the paged one in ``minillm.kv.paged``, the fixed-shape one for
+compiled decoding and CUDA graphs in ``minillm.core.compiled`` (``StaticCache``: what
+``generate(compile=True)`` uses; a hand-written step passes its ``view`` to the model).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 the new tokens and appends their keys and values. ``CompiledForward`` does the same through
 ``torch.compile`` over a ``StaticCache``: buffers of a fixed number of slots that every step
 reads whole, masked by position, so that a forward of T new tokens has the same shapes at every
-step and compiles once (gpt-fast's recipe). On CUDA it is compiled with
+step and compiles once (gpt-fast's recipe). ``StaticCache`` is the one fixed-shape cache of the
+package: a hand-written step (chapter 11, the GPU check) passes its ``view`` to the model. On CUDA it is compiled with
 ``mode="reduce-overhead"``: the step is captured as a CUDA graph and replayed, one launch per
 step instead of one per kernel. On the CPU the weights are frozen into the graph (Inductor's
 ``freezing``), which lets it prepack them for oneDNN's matrix kernels.
@@ -39,8 +40,10 @@ class StaticSlots:
     """What the model sees of a ``StaticCache`` during one forward (the ``Cache`` protocol).
 
     ``slots`` (T,) says which slots the new tokens go to (the same in every row); their positions
-    may differ by row (left padding). ``length`` is always 0, so that the compiled graph never
-    depends on how full the cache is: every read is of the whole buffer, masked by position.
+    may differ by row (left padding). ``CompiledForward`` sets it before each forward; left None
+    (a hand-written step), each token goes to the slot of its position in the first row.
+    ``length`` is always 0, so that the compiled graph never depends on how full the cache is:
+    every read is of the whole buffer, masked by position.
     """
 
     in_order = False  # the model builds the mask from the positions of the slots
@@ -51,18 +54,20 @@ class StaticSlots:
     def __init__(self, cache: StaticCache):
         self.cache = cache
         self.slots: Tensor | None = None
+        self.writing: Tensor | None = None  # the slots of this forward's tokens
 
     @property
     def batch_size(self) -> int:
         return self.cache.positions.shape[0]
 
     def reserve(self, positions: Tensor) -> Tensor:
-        self.cache.positions.index_copy_(1, self.slots, positions)
+        self.writing = positions[0] if self.slots is None else self.slots
+        self.cache.positions.index_copy_(1, self.writing, positions)
         return self.cache.positions  # (B, max_len)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.cache.k[layer].index_copy_(2, self.slots, k)
-        self.cache.v[layer].index_copy_(2, self.slots, v)
+        self.cache.k[layer].index_copy_(2, self.writing, k)
+        self.cache.v[layer].index_copy_(2, self.writing, v)
         return self.cache.k[layer], self.cache.v[layer]
 
     def place_new(self, tree_mask: Tensor) -> Tensor:
@@ -71,7 +76,7 @@ class StaticSlots:
         T, S = tree_mask.shape[-1], self.cache.positions.shape[1]
         tree = tree_mask.to(self.cache.positions.device).view(-1, T, T)
         full = torch.ones(tree.shape[0], T, S, dtype=torch.bool, device=tree.device)
-        return full.index_copy(2, self.slots, tree)[:, None]
+        return full.index_copy(2, self.writing, tree)[:, None]
 
     def truncate(self, length: int) -> None:
         raise RuntimeError("roll a StaticCache back through the StaticCache, not its slots")

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import minillm
 from minillm.bench import gpu as gpu_check
-from minillm.bench import gpu_compression
+from minillm.bench import gpu_compression, gpu_decode
 from minillm.bench.gpu_kernels import attention_flops
 from minillm.compression import model_bytes
 from minillm.core.cache import KVCache
-from minillm.kv.static import StaticDecodeCache
+from minillm.core.compiled import StaticCache
 from minillm.measure.report import gpu_slug, result_path
 from tests.conftest import tiny_model
 
@@ -83,16 +84,31 @@ def test_attention_flops_rejects_more_queries_than_keys():
         attention_flops(1, 1, 8, 4, 64, causal=True)
 
 
-def test_static_decode_cache_gives_the_same_logits_as_the_kv_cache():
-    """The fixed-shape cache of the compiled decode section computes what KVCache computes."""
+def test_the_static_cache_view_gives_the_same_logits_as_the_kv_cache():
+    """The fixed-shape cache the GPU check's hand-written steps read (``StaticCache.view``, each
+    token at the slot of its position) computes what KVCache computes."""
     model = tiny_model()
-    static = StaticDecodeCache(model.config, 1, 16, torch.float32, device="cpu")
+    static = StaticCache(model.config, 1, 16, torch.float32, device="cpu")
     cache = KVCache.for_model(model, 1, 16)
     with torch.no_grad():
         for i, token in enumerate([3, 14, 15, 92, 65]):
             ids = torch.tensor([[token]])
             expected = model(ids, None, cache)
-            assert torch.allclose(model(ids, torch.tensor([[i]]), static), expected, atol=1e-5)
+            torch.testing.assert_close(model(ids, torch.tensor([[i]]), static.view), expected, atol=1e-5, rtol=0)
+    assert static.positions[0, :6].tolist() == [0, 1, 2, 3, 4, -1]
+
+
+def test_the_timed_decode_step_is_greedy_decoding_and_its_timer_a_median_of_single_steps():
+    model = tiny_model()
+    step, cache = gpu_decode.decode_step(model, 2, 16)
+    tokens, token = [], torch.zeros(2, 1, dtype=torch.long)
+    for position in range(4):
+        token = step(token, torch.full((2, 1), position))
+        tokens.append(token[0].item())
+    expected = minillm.generate(model, [0], max_new_tokens=4, temperature=0.0).token_lists()[0]
+    assert tokens == expected
+    assert gpu_decode.median_step_seconds(step, 2, steps=5, device="cpu", warmup=2) > 0
+    assert cache.positions[1, :8].tolist() == [*range(7), -1]  # 2 warm-up + 5 timed steps, one slot each
 
 
 def test_section_errors_are_recorded_not_raised(tmp_path, monkeypatch):
@@ -189,10 +205,12 @@ def test_a_scheme_row_quantizes_and_decodes():
 
 def test_decode_bytes_count_the_weights_the_looked_up_rows_and_the_cache():
     model = tiny_model()
-    cache = StaticDecodeCache(model.config, 2, 16, torch.float32, device="cpu")
+    cache = StaticCache(model.config, 2, 16, torch.float32, device="cpu")
     embed = model.embed_tokens.weight
-    expected = model_bytes(model) - embed.nbytes + 2 * embed[0].nbytes + cache.k.nbytes + cache.v.nbytes
-    assert gpu_compression.decode_bytes(model, cache) == expected
+    kv = 2 * model.config.n_layers * 2 * model.config.n_kv_heads * 16 * model.config.head_dim * 4
+    assert cache.nbytes == kv
+    expected = model_bytes(model) - embed.nbytes + 2 * embed[0].nbytes + kv
+    assert gpu_decode.decode_bytes(model, cache) == expected
 
 
 def test_the_disagg_section_runs_small_on_a_cpu():

@@ -6,9 +6,9 @@ import torch
 
 from minillm import KVCache
 from minillm.core.cache import Cache
+from minillm.core.compiled import CompiledForward, StaticCache
 from minillm.kv.compressed import CrossLayerKVCache, QuantizedKVCache, SelectiveKVCache, SlidingWindowCache
 from minillm.kv.paged import KVPool, PagedKVBatch
-from minillm.kv.static import StaticDecodeCache
 from tests.conftest import tiny_model
 
 MODEL = tiny_model()
@@ -19,7 +19,7 @@ KINDS = {
     "sliding window": lambda: SlidingWindowCache.for_model(MODEL, 2, 4),
     "sinks + recent": lambda: SelectiveKVCache.for_model(MODEL, 2, 8, policy="recent"),
     "heavy hitters": lambda: SelectiveKVCache.for_model(MODEL, 2, 8, policy="heavy"),
-    "static": lambda: StaticDecodeCache(MODEL.config, 2, 16, torch.float32, device="cpu"),
+    "static": lambda: StaticCache(MODEL.config, 2, 16, torch.float32, device="cpu").view,
     "paged": lambda: PagedKVBatch(KVPool.for_model(MODEL, 8, 4), [[0, 1], [2, 3]]),
 }
 
@@ -62,11 +62,14 @@ def test_an_object_missing_part_of_the_protocol_is_not_a_cache():
     assert not isinstance(Partial(), Cache)
 
 
-def test_the_static_cache_truncates_by_masking_later_positions():
-    cache = KINDS["static"]()
+def test_the_static_cache_rolls_back_by_masking_slots_and_its_view_refuses_to():
+    fwd = CompiledForward(MODEL, 2, 16, widths=())  # eager over the static cache: nothing compiled
     with torch.no_grad():
-        MODEL(torch.randint(0, 97, (2, 6)), torch.arange(6).expand(2, 6), cache)
-    cache.truncate(4)
-    assert cache.positions[0, :6].tolist() == [0, 1, 2, 3, -1, -1]
-    with pytest.raises(ValueError, match="negative"):
-        cache.truncate(-1)
+        fwd(torch.randint(0, 97, (2, 6)))
+    fwd.truncate(4)
+    assert fwd.cache.positions[0, :6].tolist() == [0, 1, 2, 3, -1, -1] and fwd.length == 4
+    for bad in (-1, 5):
+        with pytest.raises(ValueError, match="cannot truncate a cache of length 4"):
+            fwd.truncate(bad)
+    with pytest.raises(RuntimeError, match="through the StaticCache"):
+        fwd.cache.view.truncate(2)
