@@ -71,7 +71,7 @@ class DecodingBench:
 
 def tokens_and_stats(result: DecodingResult) -> tuple[list[int], DecodingStats, tuple[float, float, float]]:
     """A decoder's tokens, statistics and (seconds, of which inside forwards, compile seconds)."""
-    return result.tokens[0].tolist(), result.stats, (result.seconds, result.forward_seconds, result.compile_time)
+    return result.tokens[0].tolist(), result.stats, (result.total_time, result.forward_seconds, result.compile_time)
 
 
 def greedy_tokens(result) -> tuple[list[int], None, tuple[float, float, float]]:

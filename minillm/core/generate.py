@@ -24,12 +24,13 @@ from .cache import Cache, KVCache
 from .compiled import compiled_forward_for
 from .device import synchronize
 from .model import Transformer
+from .outputs import TimedTokens
 from .prompts import check_vocabulary, token_id_tuple, token_rows
 from .sampling import SamplingParams, sample
 
 
 @dataclass
-class GenerationResult:
+class GenerationResult(TimedTokens):
     tokens: Tensor  # (B, N) new token ids; a row that stopped early is padded with the first EOS id
     lengths: list[int]  # new tokens of each row, its EOS included
     prompt_lengths: list[int]

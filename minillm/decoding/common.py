@@ -16,6 +16,7 @@ from typing import Protocol
 
 from torch import Tensor
 
+from ..core.outputs import TimedTokens
 from ..core.prompts import token_rows
 
 
@@ -91,16 +92,15 @@ def mean_acceptance(stats: DecodingStats) -> float:
 
 
 @dataclass
-class DecodingResult:
+class DecodingResult(TimedTokens):
     tokens: Tensor  # (1, N) the new token ids, EOS included if one was made
     stats: DecodingStats
-    seconds: float  # wall time of the whole call, prefill included (compiling not)
+    total_time: float  # wall time of the whole call, prefill included (compiling not)
     compile_time: float = 0.0  # seconds compiling before the timer started (``compile=True``)
-    forward_seconds: float = float("nan")  # of ``seconds``, the time inside model forwards
+    forward_seconds: float = float("nan")  # of ``total_time``, the time inside model forwards
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens.shape[1] / self.seconds
+    def token_lists(self) -> list[list[int]]:
+        return [self.tokens[0].tolist()]
 
 
 class Drafter(Protocol):

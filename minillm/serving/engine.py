@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from ..core.config import ModelConfig
 from ..core.device import synchronize
 from ..core.model import Transformer
+from ..core.outputs import TimedTokens
 from ..core.prompts import check_vocabulary
 from ..core.sampling import sample
 from ..kv.paged import BlockManager, KVPool, PagedKVBatch
@@ -92,13 +93,22 @@ class EngineConfig:
 
 
 @dataclass
-class RequestOutput:
+class RequestOutput(TimedTokens):
     request: Request
     tokens: list[int]  # the generated ids
     metrics: RequestMetrics  # arrival and each token's time, on the engine's clock
     preemptions: int
     finish_reason: str = "length"  # "length" (max_tokens reached), "stop" (a stop id), "error"
     error: str | None = None  # what went wrong while serving this request (finish_reason "error")
+
+    def token_lists(self) -> list[list[int]]:
+        return [list(self.tokens)]
+
+    @property
+    def total_time(self) -> float:
+        """Seconds from the request's arrival to its last token (nan if it made none)."""
+        times = self.metrics.token_times
+        return times[-1] - self.metrics.arrival if times else float("nan")
 
 
 def batch_inputs(work: list[Work], device, padding_rows: int = 0) -> tuple[Tensor, Tensor]:
