@@ -8,22 +8,18 @@ import pytest
 import torch
 
 from minillm.bench.capstone import (
-    GPU_STEPS,
-    LADDER,
     OFFLINE,
     SERVED,
     CapstoneBench,
     bench_capstone,
     first_difference,
     format_capstone,
-    format_gpu_ladder,
-    format_step_split,
-    gpu_ladder_rows,
     ladder_speed,
-    step_split,
 )
+from minillm.bench.capstone_tables import GPU_STEPS, format_gpu_ladder, format_step_split, gpu_ladder_rows, step_split
 from minillm.core.model import random_model
 from minillm.measure.report import PAGE_WIDTH
+from minillm.runtime.recipes import LADDER
 from tests.conftest import tiny_config
 from tests.test_cli import assert_one_line_error, run_main
 
