@@ -4,11 +4,11 @@ machine's CPU cores, and what the same communication would cost on GPU links.
 1. ``bench_parallel`` (``python -m minillm bench parallel``): for 1, 2 and 4 ranks (processes of
    one thread each, gloo), the hand-written tensor-parallel model (``parallel.tensor``, Megatron-LM,
    Shoeybi et al. 2019) and the GPipe pipeline (``parallel.pipeline``, Huang et al. 2019) each
-   prefill a 128-token prompt and decode greedily. Inside the ranks every step is timed with
-   ``time.perf_counter`` after a barrier (the median over steps and repeats is reported), and
-   every byte goes through a counted ``Comm``. Reported per scheme and rank count: prefill time,
-   decode time per token, whether the tokens equal one process's ``generate``, and the bytes
-   communicated per generated token, counted and by the formula:
+   prefill a 128-token prompt and decode greedily. Inside the ranks (``bench.parallel_ranks``)
+   every step is timed with ``time.perf_counter`` after a barrier (the median over steps and
+   repeats is reported), and every byte goes through a counted ``Comm``. Reported per scheme and
+   rank count: prefill time, decode time per token, whether the tokens equal one process's
+   ``generate``, and the bytes communicated per generated token, counted and by the formula:
 
        tensor parallel, per rank:   2 x n_layers all-reduces of dim x 4 bytes   (fp32)
        pipeline, all boundaries:    (p - 1) x dim x 4 bytes + 8 (the token id sent back)
@@ -33,38 +33,34 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from ..core.cache import KVCache
 from ..core.checkpoints import load, read_config, resolve
 from ..core.config import ModelConfig, check_field_types
 from ..core.generate import generate
 from ..measure.links import Link
 from ..measure.report import finish_provenance, format_table, provenance
-from ..parallel.comm import Comm, wire_bytes
+from ..parallel.comm import wire_bytes
 from ..parallel.launch import launch
 from ..parallel.pipeline import (
-    PipelineSpec,
     StageResult,
     bubble_fraction,
     check_pipeline,
     measured_bubble,
     pipeline_bytes,
-    pipeline_generate,
 )
 from ..parallel.predict import NCCL_BASE_LATENCY_S, TP_LINKS, allreduce_seconds, tp_decode_bytes, tp_speedup_rows
-from ..parallel.tensor import check_tensor_parallel, load_tensor_parallel
+from ..parallel.tensor import check_tensor_parallel
 from ..serving.disagg import DisaggConfig
 from ..serving.engine import Engine, EngineConfig
 from ..serving.replicas import replica_throughput
 from ..serving.scheduler import SchedulerConfig
 from ..serving.workload import Request, copy_requests
+from .parallel_ranks import RankWork, parallel_rank
 
 FP32 = 4  # bytes per element: every rank here computes and communicates in fp32
 GPU_LINKS = ("NVLink 3 (A100)", "NVLink 4 (H100)", "PCIe 4.0 x16")
@@ -147,74 +143,6 @@ class ParallelBench:
         scheduler = SchedulerConfig("continuous", self.replica_max_batch)
         engine = EngineConfig(num_blocks=256, block_size=16, scheduler=scheduler)
         return DisaggConfig(prefill=engine, timeout=self.timeout)
-
-
-# ---------------------------------------------------------------------------------------------
-# Inside the ranks
-
-
-@dataclass(frozen=True)
-class RankWork:
-    """What every rank runs: the checkpoint, the prompt, and the rounds of ``ParallelBench``."""
-
-    model_dir: str
-    prompt: tuple[int, ...]
-    decode_tokens: int
-    repeats: int
-    warmup: int
-
-
-def _timed_step(fn, *args, **kwargs):
-    """fn(*args, **kwargs) after a barrier (every rank starts the step together), and its seconds
-    on this rank."""
-    dist.barrier()
-    start = time.perf_counter()
-    value = fn(*args, **kwargs)
-    return value, time.perf_counter() - start
-
-
-@torch.inference_mode()
-def _tensor_parallel_rank(work: RankWork) -> dict:
-    comm = Comm()
-    model = load_tensor_parallel(work.model_dir, comm)
-    prompt = torch.tensor([work.prompt])  # (1, T)
-    prefill_s, decode_s = [], []
-    for round_ in range(work.warmup + work.repeats):
-        cache = KVCache.for_model(model, 1, len(work.prompt) + work.decode_tokens + 1)
-        comm.reset()
-        logits, seconds = _timed_step(model, prompt, cache=cache, last_only=True)  # (1, 1, V)
-        prefill_counts = comm.counts()
-        token = logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
-        tokens, steps = [int(token)], []
-        comm.reset()
-        for _ in range(work.decode_tokens):
-            logits, step_s = _timed_step(model, token, cache=cache)  # token: (1, 1) -> (1, 1, V)
-            token = logits[:, -1].argmax(-1, keepdim=True)
-            tokens.append(int(token))
-            steps.append(step_s)
-        if round_ >= work.warmup:
-            prefill_s.append(seconds)
-            decode_s.append(steps)
-    return {
-        "prefill_s": prefill_s,  # per round
-        "decode_s": decode_s,  # per round, per step
-        "prefill_counts": prefill_counts,
-        "decode_counts": comm.counts(),  # the last round's decode steps
-        "tokens": tokens,
-        "local_params": sum(p.numel() for p in model.parameters()),
-    }
-
-
-def _pipeline_rank(rank: int, world: int, work: RankWork) -> dict:
-    spec = PipelineSpec(work.model_dir, (work.prompt,), work.decode_tokens + 1)
-    runs = [pipeline_generate(rank, world, spec) for _ in range(work.warmup + work.repeats)][work.warmup :]
-    prefill_only = pipeline_generate(rank, world, replace(spec, max_new_tokens=1))  # the prefill's bytes alone
-    return {"runs": runs, "prefill_only": prefill_only}
-
-
-def parallel_rank(rank: int, world: int, work: RankWork) -> dict:
-    """The rank function (``launch(parallel_rank, N, work)``): tensor parallel, then the pipeline."""
-    return {"tp": _tensor_parallel_rank(work), "pp": _pipeline_rank(rank, world, work)}
 
 
 # ---------------------------------------------------------------------------------------------
