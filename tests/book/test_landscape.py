@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from minillm.book import frameworks
 from minillm.book import landscape as ls
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,16 +30,16 @@ def test_markdown_citations_are_bibliography_keys():
 
 
 def test_every_feature_framework_pair_has_a_cell():
-    pairs = {(f.key, fw.name) for f in ls.FEATURES for fw in ls.FRAMEWORKS}
-    assert set(ls.SUPPORT) == pairs
-    assert len(ls.FRAMEWORKS) == 6 and len({f.key for f in ls.FEATURES}) == len(ls.FEATURES)
+    pairs = {(f.key, fw.name) for f in frameworks.FEATURES for fw in frameworks.FRAMEWORKS}
+    assert set(frameworks.SUPPORT) == pairs
+    assert len(frameworks.FRAMEWORKS) == 6 and len({f.key for f in frameworks.FEATURES}) == len(frameworks.FEATURES)
 
 
 def test_facts_carry_sources_and_gaps_say_so():
-    for (feature, name), cell in ls.SUPPORT.items():
-        assert cell.cites or cell.value == ls.NOT_DOCUMENTED, (feature, name, cell)
+    for (feature, name), cell in frameworks.SUPPORT.items():
+        assert cell.cites or cell.value == frameworks.NOT_DOCUMENTED, (feature, name, cell)
     with pytest.raises(ValueError, match="cites no source"):
-        ls.Cell("yes")
+        frameworks.Cell("yes")
 
 
 def test_chapters_named_exist_as_notebooks():
@@ -50,25 +51,25 @@ def test_chapters_named_exist_as_notebooks():
 def test_landscape_table_fits_the_page_and_shows_every_cell():
     text = ls.landscape_table()
     assert max(len(line) for line in text.splitlines()) <= 88
-    for f in ls.FEATURES:
+    for f in frameworks.FEATURES:
         assert text.count(f"{f.short} (ch.{f.chapter})") == 2  # once in each half
-    for fw in ls.FRAMEWORKS:
+    for fw in frameworks.FRAMEWORKS:
         assert fw.name in text
 
 
 def test_markdown_table_has_a_row_per_feature_with_its_chapter():
     lines = ls.landscape_markdown().splitlines()
-    assert len(lines) == 2 + len(ls.FEATURES)
-    for f, line in zip(ls.FEATURES, lines[2:]):
-        assert line.count("|") - line.count("\\|") == len(ls.FRAMEWORKS) + 3
+    assert len(lines) == 2 + len(frameworks.FEATURES)
+    for f, line in zip(frameworks.FEATURES, lines[2:]):
+        assert line.count("|") - line.count("\\|") == len(frameworks.FRAMEWORKS) + 3
         assert f"| ch. {f.chapter} |" in line
 
 
 def test_status_facts_are_recorded():
-    assert "maintenance mode" in ls.framework("TGI").summary
-    assert "llama.cpp" in ls.framework("Ollama").kind
+    assert "maintenance mode" in frameworks.framework("TGI").summary
+    assert "llama.cpp" in frameworks.framework("Ollama").kind
     with pytest.raises(ValueError, match="unknown framework"):
-        ls.framework("nope")
+        frameworks.framework("nope")
 
 
 def test_online_vs_batch_cost_matches_the_formula():
