@@ -21,6 +21,8 @@ def shown_text(output: dict) -> str:
     if output["output_type"] == "error":
         return "\n".join(output["traceback"])
     data = output.get("data", {})
+    if "text/markdown" in data:  # the library's code on the page (book.source.show) among others
+        return "".join(data["text/markdown"])
     return "".join(data["text/plain"]) if list(data) == ["text/plain"] else ""
 
 

@@ -1,0 +1,70 @@
+"""``book.source.show``: the library's own code on the page, re-formatted to the page's width
+without changing a token of it."""
+
+import ast
+import inspect
+import json
+import textwrap
+
+import pytest
+
+from minillm.book import source
+from minillm.book.source import show
+from minillm.core.compiled import CompiledForward, StaticSlots
+from minillm.measure.report import PAGE_WIDTH
+
+
+def test_an_excerpt_names_its_file_and_line_and_fits_the_page():
+    excerpt = show(CompiledForward.__call__)
+    lines, first = inspect.getsourcelines(CompiledForward.__call__)
+    assert excerpt.path == "minillm/core/compiled.py" and excerpt.line == first
+    assert excerpt.name == "CompiledForward.__call__"
+    assert max(len(line) for line in lines) > PAGE_WIDTH  # written wider than the page ...
+    long = [line for line in excerpt.code.splitlines() if len(line) > PAGE_WIDTH]
+    assert long == [line for line in long if '"' in line]  # ... shown within it, but for a string ruff cannot split
+
+
+def test_re_formatting_changes_no_code():
+    """The excerpt parses to the same syntax tree as the source it came from."""
+    for obj in (CompiledForward.__call__, StaticSlots, source.wrap_comments):
+        original = textwrap.dedent(inspect.getsource(obj))
+        assert ast.dump(ast.parse(show(obj).code)) == ast.dump(ast.parse(original)), obj
+
+
+def test_a_slice_runs_from_its_start_to_its_stop_line():
+    excerpt = show(StaticSlots, start="def reserve", stop="return self.cache.k[layer]")
+    code = excerpt.code.splitlines()
+    assert code[0].startswith("def reserve(") and code[-1].strip().startswith("return self.cache.k[layer]")
+    assert "def update(" in excerpt.code and "def place_new" not in excerpt.code
+    lines, first = inspect.getsourcelines(StaticSlots)
+    assert "def reserve" in lines[excerpt.line - first]  # the header points at the slice's own line
+    with pytest.raises(ValueError, match="'def nowhere' is not in the source of StaticSlots"):
+        show(StaticSlots, start="def nowhere")
+
+
+def test_only_minillm_code_is_shown():
+    with pytest.raises(ValueError, match="renders minillm's own code"):
+        show(json.dumps)
+    with pytest.raises(ValueError, match="no source to show"):
+        show(3)
+
+
+def test_without_ruff_the_code_is_shown_as_written(monkeypatch):
+    monkeypatch.setattr(source, "ruff_format", lambda code, width=PAGE_WIDTH: None)
+    original = textwrap.dedent(inspect.getsource(source.wrap_comments)).rstrip("\n")
+    assert show(source.wrap_comments).code == source.wrap_comments(original)
+
+
+def test_long_comments_are_wrapped_and_trailing_ones_moved_above_their_code():
+    code = "x = 1  # " + "word " * 30 + "\n"
+    moved = source.comments_above(code, 40).splitlines()
+    assert moved[0].startswith("# word") and moved[1] == "x = 1"
+    wrapped = source.wrap_comments(moved[0], 40).splitlines()
+    assert len(wrapped) > 1 and all(len(line) <= 40 and line.startswith("# ") for line in wrapped)
+
+
+def test_the_page_shows_highlighted_python_under_its_header():
+    excerpt = show(StaticSlots, start="def reserve", stop="return self.cache.positions")
+    md = excerpt._repr_markdown_()
+    assert md.startswith(f"`{excerpt.header}`\n\n```python\ndef reserve(") and md.endswith("```\n")
+    assert str(excerpt).splitlines()[0] == f"# {excerpt.header}"
