@@ -46,6 +46,7 @@ from ..measure.metrics import SLO, RequestMetrics, span
 from ..measure.quality import continuation_agreement, perplexity
 from ..measure.report import finish_provenance, provenance
 from ..measure.timing import interleaved
+from ..runtime.load import RuntimeOptions, compute_dtype
 from ..runtime.recipes import LADDER, Rung, generate_as, kv_bytes, recipe_of, rung_models, streamed_bytes
 from ..serving.client import run_workload, server_process, wait_healthy
 from ..serving.engine import EngineConfig
@@ -113,9 +114,10 @@ class CapstoneBench:
 
     @property
     def quantized_dtype(self) -> torch.dtype:
-        """What a quantized model computes in: bf16 on a CPU (PyTorch's packed int8/int4 CPU
-        kernels are fast in bf16 only), the 16-bit type elsewhere."""
-        return torch.bfloat16 if self.device.type == "cpu" else self.dense_dtype
+        """What a quantized model computes in: the runtime's choice (``runtime.compute_dtype``: bf16
+        on a CPU, where PyTorch's packed int8/int4 kernels are fast in bf16 only), else the 16-bit
+        type."""
+        return compute_dtype(RuntimeOptions(quantize="int4", device=self.device)) or self.dense_dtype
 
 
 # ---------------------------------------------------------------------------------------------
