@@ -18,7 +18,7 @@
   compute part of TP, measured), plus the predicted all-reduces over NVLink: a predicted
   multi-GPU speedup beside gpt-fast's published one (``minillm.bench.gpu_parallel``);
 - chapter 16's first two rungs, recompute vs KV cache on the same Llama-3-8B, which with the
-  decode and compression sections make the GPU ladder (``minillm.bench.capstone``).
+  decode and compression sections make the GPU ladder (``minillm.runtime.recipes``).
 
 Every section runs under its own time limit and inside try/except: a failure is recorded in the
 JSON and the next section runs. The JSON is rewritten after each section, so a run cut short
@@ -52,7 +52,7 @@ from ..core.model import random_model
 from ..measure.report import gpu_slug, result_path
 from ..measure.roofline import DATASHEETS
 from ..measure.timing import repeat
-from .capstone import LADDER, generate_as
+from ..runtime.recipes import LADDER, generate_as
 from .gpu_compression import compression_speed
 from .gpu_decode import decode_bytes, decode_step, median_step_seconds
 from .gpu_disagg import disagg_steps

@@ -20,7 +20,7 @@ def plot_ladder(rows: Sequence[Mapping], title: str = "", gpu_rows: Sequence[Map
     """Horizontal bars of batch-1 tokens/s, the baseline on top and each rung below it. The label
     at each bar's end is its speedup over the baseline and the perplexity change of its weights;
     blue steps are lossless (the row above's tokens), orange ones change the weights.
-    ``gpu_rows`` (``bench.capstone.gpu_ladder_rows``) adds a panel of a saved GPU run beside it."""
+    ``gpu_rows`` (``bench.capstone_tables.gpu_ladder_rows``) adds a panel of a saved GPU run beside it."""
     require_keys(rows, ("step", "tokens_per_s", "vs_baseline"), "plot_ladder")
     panels = [(rows, "tokens_per_s", "tokens/s at batch 1 (prompt included)", "this machine (saved run)")]
     if gpu_rows:

@@ -5,7 +5,7 @@ with the plot's name."""
 import matplotlib
 import pytest
 
-from minillm.bench.capstone import gpu_ladder_rows
+from minillm.bench.capstone_tables import gpu_ladder_rows
 from minillm.measure.report import load_results
 from minillm.viz.capstone import plot_ladder, plot_serving
 
