@@ -1,10 +1,13 @@
 """The command line (``python -m minillm``) and the generation benchmarks, on a tiny random model
 saved with its own tiny tokenizer, so that nothing here needs the bundled models."""
 
+import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -14,11 +17,15 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 import minillm
 from minillm.bench import generation as bench
-from minillm.cli.main import main
+from minillm.cli.common import CliError
+from minillm.cli.figures import report_figures
+from minillm.cli.main import build_parser, main
 from minillm.compression import quantize
 from minillm.compression.saving import save_quantized
+from minillm.core.config import PRESETS
 from minillm.core.tokenizer import Tokenizer
-from tests.conftest import tiny_model
+from minillm.measure import report
+from tests.conftest import tiny_config, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -74,19 +81,22 @@ def test_help_lists_every_command():
         assert f"    {command} " in proc.stdout, f"{command} missing from --help:\n{proc.stdout}"
 
 
-def command_paths(parser=None, path=()) -> list[tuple[str, ...]]:
-    """Every command of the CLI as its words (``()``, ``("bench",)``, ``("bench", "kv")``, ...)."""
-    import argparse
-
-    from minillm.cli.main import build_parser
-
+def command_parsers(parser=None, path=()) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    """Every command of the CLI by its words (``()``, ``("bench",)``, ``("bench", "kv")``, ...)."""
     parser = parser or build_parser()
-    found = [path]
+    found = {path: parser}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                found += command_paths(sub, (*path, name))
+                found |= command_parsers(sub, (*path, name))
     return found
+
+
+def command_paths() -> list[tuple[str, ...]]:
+    return list(command_parsers())
+
+
+BENCHMARKS = {"generate", "kv", "decoding", "batching", "compression", "disagg", "serve", "parallel", "capstone"}
 
 
 def test_the_parser_tree_has_every_command():
@@ -99,12 +109,145 @@ def test_the_parser_tree_has_every_command():
 def test_every_command_prints_its_help(path, capsys):
     """``--help`` of every command exits 0 with its usage (a stray '%' in a help string, which
     argparse reads as a format, fails here)."""
-    from minillm.cli.main import main
-
     with pytest.raises(SystemExit) as exit_:
         main([*path, "--help"])
     assert exit_.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_every_benchmark_takes_threads_json_and_no_save():
+    """Every ``bench`` command has --threads, --json and --no-save, and saves as bench_<name>."""
+    benchmarks = {path[1]: p for path, p in command_parsers().items() if len(path) == 2 and path[0] == "bench"}
+    assert set(benchmarks) == BENCHMARKS
+    for name, parser in benchmarks.items():
+        flags = {flag for action in parser._actions for flag in action.option_strings}
+        assert {"--threads", "--json", "--no-save"} <= flags, name
+        assert parser.get_default("result_name") == f"bench_{name}"
+        assert parser.parse_args(["--no-save"]).no_save and not parser.parse_args([]).no_save
+
+
+def test_a_shared_option_has_one_help_text_wherever_it_appears():
+    """Each shared option is written once (``cli.common``): one help text in every command that
+    takes it, or one text but for the default (and, for a model, its role in the command)."""
+    helps = defaultdict(set)
+    for parser in command_parsers().values():
+        for action in parser._actions:
+            for flag in action.option_strings:
+                helps[flag].add(action.help)
+    for flag in ("--device", "--threads", "--json", "--no-progress", "--quantize", "--group-size", "--max-batch"):
+        assert len(helps[flag]) == 1, (flag, helps[flag])
+    assert len(helps["--device"] & helps["--threads"]) == 0
+    for flag in ("--repeats", "--new-tokens", "--prompt-len", "--slo-ttft", "--slo-tpot", "--requests", "--no-save"):
+        assert len({re.sub(r"\(default: .*\)$|bench_\w+|uptrain_gqa", "", h) for h in helps[flag]}) == 1, flag
+        assert len(helps[flag]) > 1, f"{flag} is taken by one command only: nothing shared"
+    models = helps["--model"] | helps["--target"] | helps["--draft"]
+    assert len({re.sub(r"^[^:]*: |\(default: .*\)$", "", h) for h in models}) == 1, models
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> Path:
+    """An empty results store in a temporary folder: no test writes into the package's."""
+    monkeypatch.setenv("MINILLM_RESULTS", str(tmp_path / "store"))
+    return tmp_path / "store"
+
+
+def test_a_benchmark_saves_its_figures_unless_no_save(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(PRESETS, "tiny-mha", tiny_config())
+    argv = ["bench", "kv", "--shape", "tiny-mha", "--contexts", "8", "--new-tokens", "2", "--repeats", "1"]
+    argv += ["--device", "cpu", "--no-progress"]
+    status, out, err = run_main([*argv, "--no-save", "--json", str(tmp_path / "kv.json")], capsys)
+    assert status == 0, err
+    assert "MHA (baseline)" in out and f"figures written to {tmp_path / 'kv.json'}" in out
+    assert not store.exists() and "saved" not in out
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    hardware = report.hardware_slug("cpu")
+    saved = store / hardware / "bench_kv.json"
+    assert f"figures saved to {saved}" in out
+    figures = json.loads(saved.read_text())
+    assert figures["model"].endswith("as MHA") and figures["rows"]
+    assert report.load_results("bench_kv") == {hardware: figures}
+
+
+# Each benchmark's module (``minillm.bench.X``): faking its ``bench_*`` and ``format_*`` functions
+# tests each command's own work (its options built and checked, its end) in a second, not the measuring.
+BENCH_MODULES = {"generate": "generation", **{name: name for name in BENCHMARKS - {"generate"}}}
+
+
+def fake_measuring(monkeypatch, benchmark: str) -> dict:
+    """Replace what ``bench BENCHMARK`` measures with figures made up here; return them."""
+    import importlib
+
+    module = importlib.import_module(f"minillm.bench.{BENCH_MODULES[benchmark]}")
+    figures = {"device": "cpu", "benchmark": benchmark}
+    for name in dir(module):
+        if name.startswith("bench_") and callable(getattr(module, name)):
+            monkeypatch.setattr(module, name, lambda *args, **kwargs: dict(figures))
+        elif name.startswith("format_") and callable(getattr(module, name)):
+            monkeypatch.setattr(module, name, lambda figures: f"the table of bench {figures['benchmark']}")
+    return figures
+
+
+@pytest.mark.parametrize("benchmark", sorted(BENCHMARKS))
+def test_every_benchmark_saves_its_figures_through_the_store_unless_no_save(benchmark, store, monkeypatch, capsys):
+    figures = fake_measuring(monkeypatch, benchmark)
+    argv = ["bench", benchmark, *(["--device", "cpu"] if benchmark == "generate" else [])]
+    status, out, err = run_main([*argv, "--no-save"], capsys)
+    assert status == 0, err
+    assert f"the table of bench {benchmark}" in out and not store.exists()
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    if benchmark == "generate":  # two measurements, saved together
+        figures = {"vs_transformers": figures, "cache_vs_recompute": figures}
+    saved = store / report.hardware_slug("cpu") / f"bench_{benchmark}.json"
+    assert f"figures saved to {saved}" in out
+    assert report.load_results(f"bench_{benchmark}") == {report.hardware_slug("cpu"): figures}
+
+
+def test_a_quick_parallel_run_is_never_saved(store, monkeypatch, capsys):
+    fake_measuring(monkeypatch, "parallel")
+    status, out, err = run_main(["bench", "parallel", "--quick", "--ranks", "2"], capsys)
+    assert status == 0, err
+    assert "the table of bench parallel" in out and "(quick: not saved)" in err
+    assert not store.exists() and "saved" not in out
+
+
+def test_a_benchmark_that_fails_is_one_line_naming_it(store, monkeypatch, capsys):
+    import minillm.bench.kv as kv
+
+    def fail(*args, **kwargs):
+        raise ValueError("the cache does not fit")
+
+    monkeypatch.setattr(kv, "bench_kv", fail)
+    status, out, err = run_main(["bench", "kv", "--device", "cpu"], capsys)
+    heading, error = err.strip().splitlines()  # what it measures, then why it stopped
+    assert status == 2 and heading.startswith("KV-cache techniques") and "Traceback" not in err
+    assert error == "minillm bench: error: bench kv: the cache does not fit"
+    assert "saved" not in out and not store.exists()
+
+
+def test_report_figures_prints_writes_and_saves_once(store, tmp_path, capsys):
+    """The end of every benchmark: the text printed, --json written, the store written unless
+    --no-save or a run that is not a result (``save=False``: bench parallel --quick); the hardware
+    folder from ``device`` when the figures do not name it; a store it cannot write is a CliError
+    (one line, status 2), not a traceback."""
+    args = argparse.Namespace(json=tmp_path / "out.json", no_save=False, result_name="bench_x")
+    figures = {"rows": [1, 2]}
+    assert report_figures(args, figures, "the table", save=False) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("the table\n") and "figures written to" in out and not store.exists()
+    assert json.loads(args.json.read_text()) == figures
+    args.json = None
+    report_figures(args, figures, "the table", device="cpu")
+    assert report.load_results("bench_x") == {report.hardware_slug("cpu"): figures}
+    args.no_save, args.result_name = True, "bench_y"
+    report_figures(args, figures, "the table")
+    assert report.load_results("bench_y") == {}
+    args.no_save = False
+    shutil.rmtree(store)
+    store.write_text("a file where the store's folder should be")
+    with pytest.raises(CliError, match="figures not written"):
+        report_figures(args, figures, "the table")
 
 
 def test_transformers_is_not_imported_by_the_package():
@@ -308,7 +451,7 @@ def test_missing_transformers_gives_the_install_command(checkpoint, monkeypatch)
         bench.bench_vs_transformers(str(checkpoint), prompt_len=8, new_tokens=4, repeats=1)
 
 
-def test_bench_cli_prints_measurements_and_writes_json(checkpoint, tmp_path, capsys):
+def test_bench_cli_prints_measurements_writes_json_and_saves(checkpoint, store, tmp_path, capsys):
     pytest.importorskip("transformers")
     out_file = tmp_path / "figures" / "generate.json"
     argv = [
@@ -338,6 +481,8 @@ def test_bench_cli_prints_measurements_and_writes_json(checkpoint, tmp_path, cap
     figures = json.loads(out_file.read_text())
     assert set(figures) == {"vs_transformers", "cache_vs_recompute"}
     assert figures["vs_transformers"]["threads"] == 1
+    # the figures name no device at the top: the store's folder is the benchmark's device
+    assert report.load_results("bench_generate") == {report.hardware_slug("cpu"): figures}
 
 
 def test_bench_cli_checks_prompt_lengths_before_measuring(checkpoint, capsys):

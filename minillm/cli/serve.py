@@ -1,0 +1,73 @@
+"""``python -m minillm serve``: the continuous-batching engine behind an OpenAI-compatible HTTP
+server (``serving.http``); the web framework is imported only when the server starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import (
+    DTYPES,
+    CliError,
+    bad_input,
+    device_option,
+    dtype_option,
+    max_batch_option,
+    model_option,
+    parse_device,
+    quantize_options,
+    threads_option,
+)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..serving import http  # the web framework itself is imported only by run_server
+
+    with bad_input():  # fail before loading
+        options = http.ServerOptions(
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            max_batch=args.max_batch,
+            num_blocks=args.num_blocks,
+            block_size=args.block_size,
+            device=parse_device(args.device),
+            dtype=DTYPES[args.dtype] if args.dtype else None,
+            shutdown_timeout=args.shutdown_timeout,
+            quantize=args.quantize,
+            group_size=args.group_size,
+        )
+    try:
+        http.require_serve_extra()
+    except ImportError as e:
+        raise CliError(str(e)) from None
+    with bad_input():
+        return http.run_server(options)
+
+
+def add_serve(commands) -> None:
+    p = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (completions, chat, /metrics)",
+        parents=[
+            model_option("the model served"),
+            device_option(),
+            dtype_option("as generate"),
+            quantize_options(),
+            max_batch_option(),
+            threads_option(),
+        ],
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 request")
+    p.add_argument("--num-blocks", type=int, default=256, help="KV pool size in blocks (default: 256)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=5.0,
+        help="on SIGINT/SIGTERM, seconds requests in flight may take to finish before they are aborted (default: 5)",
+    )
+    p.set_defaults(handler=cmd_serve)
