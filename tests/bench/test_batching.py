@@ -69,6 +69,7 @@ def test_bench_batching_cli(tmp_path, capsys):
     out = tmp_path / "bench.json"
     args = ["bench", "batching", "--requests", "6", "--max-batch", "3", "--prompt-median", "8", "--output-median", "6"]
     args += ["--prefix-requests", "3", "--system-len", "32", "--repeats", "1", "--no-progress", "--json", str(out)]
+    args += ["--no-save"]  # the figures go to --json only, not into the package's results store
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "continuous / static" in text and "TTFT saving" in text and "block_size" in text

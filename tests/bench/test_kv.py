@@ -116,7 +116,7 @@ def test_bench_kv_cli_writes_its_figures(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(PRESETS, "tiny-mha", tiny_config())
     out = tmp_path / "kv.json"
     argv = ["bench", "kv", "--shape", "tiny-mha", "--contexts", "8", "--new-tokens", "2", "--repeats", "1"]
-    assert main([*argv, "--device", "cpu", "--json", str(out)]) == 0
+    assert main([*argv, "--device", "cpu", "--no-save", "--json", str(out)]) == 0
     assert "MHA (baseline)" in capsys.readouterr().out
     saved = json.loads(out.read_text())
     assert saved["model"].endswith("as MHA") and len(saved["rows"]) == len(techniques())

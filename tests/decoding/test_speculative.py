@@ -274,6 +274,7 @@ def test_cli_bench_decoding_writes_every_method(tmp_path, capsys):
         "1",
         "--device",
         "cpu",
+        "--no-save",
         "--json",
         str(out),
     ]

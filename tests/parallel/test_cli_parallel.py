@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import minillm
-from minillm.cli.main import rank_failure
+from minillm.cli.generate import rank_failure
 from minillm.parallel import launch as launching
 from minillm.parallel.cli_ranks import until_eos
 from minillm.parallel.launch import RankError
