@@ -11,15 +11,13 @@ from minillm import ModelConfig, Transformer
 from minillm.core.checkpoints import read_config, resolve
 from minillm.parallel.pipeline import (
     PipelineSpec,
-    Stage,
-    StageKVCache,
     bubble_fraction,
     check_pipeline,
     measured_bubble,
     pipeline_bytes,
     run_pipeline,
-    split_layers,
 )
+from minillm.parallel.stage import Stage, StageKVCache, split_layers
 
 pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
 
