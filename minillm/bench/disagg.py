@@ -11,10 +11,8 @@ real worker processes on this machine, and GPU-sized configurations on the simul
    fit chapter 13's step-cost model (prefill and decode apart).
 2. ``kv_transfer_table``: what moving one request's K/V would take on real links, next to its
    prefill (``measure.links``).
-3. ``simulated_goodput`` and ``pd_ratio_sweep``: a GPU-sized model (Llama-3-8B on H100s by
-   default) on the simulated clock (``serving.cluster``; step costs from the roofline, an
-   estimate): goodput against the request rate for the three modes, and DistServe's figure of
-   merit, the highest rate that keeps 90% of requests within the SLO per GPU, by P:D ratio.
+3. ``bench_simulated``: a GPU-sized model (Llama-3-8B on H100s by default) on the simulated
+   clock (``bench.disagg_simulated``: ``simulated_goodput``, ``pd_ratio_sweep``, the scenarios).
 
     figures = bench_disagg(DisaggBench(rates=(2.0, 4.0)))
     print(format_disagg(figures))
@@ -29,16 +27,23 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from ..core.config import check_field_types, preset
-from ..measure.links import LINKS, Link, kv_bytes, kv_transfer_rows
-from ..measure.metrics import SLO, latency_percentiles, percentiles, throughput
+from ..measure.links import LINKS, kv_bytes, kv_transfer_rows
+from ..measure.metrics import SLO, percentiles
 from ..measure.report import finish_provenance, format_table, provenance
-from ..serving.cluster import ClusterConfig, roofline_step_cost, simulate_cluster
 from ..serving.disagg import DisaggConfig, DisaggOutput, DisaggregatedEngine, ReplicatedEngine
 from ..serving.engine import EngineConfig
 from ..serving.scheduler import SchedulerConfig
-from ..serving.step_cost import StepCost, fit_step_cost
+from ..serving.step_cost import fit_step_cost
 from ..serving.workload import Request, chat_trace, requests_from_trace
 from .batching import SIGMA, InterferenceWorkload, interference_workload, itl_figures
+from .disagg_simulated import (
+    SimulatedSweep,
+    format_simulated,
+    pd_ratio_sweep,
+    run_figures,
+    scenario_table,
+    simulated_goodput,
+)
 from .serving import served
 
 MODES = ("colocated", "chunked", "disagg 1:1")
@@ -116,26 +121,6 @@ class Servers:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def run_figures(outputs: Sequence[DisaggOutput], slo: SLO, rate: float) -> dict:
-    """TTFT and TPOT p50/p99 (ms), output tokens/s, the % of requests within the SLO and goodput:
-    the offered ``rate`` times that fraction (requests/s within the SLO while the load lasts; a
-    count over the whole run's span would also charge the drain after the last arrival)."""
-    metrics = [o.metrics for o in outputs]
-    latency = latency_percentiles(metrics, (50, 99))
-    tp = throughput(metrics)
-    tpot = latency["tpot"] or dict.fromkeys(("p50", "p99"), float("nan"))
-    met = sum(slo.met_by(m) for m in metrics) / len(metrics)
-    return {
-        "ttft_p50_ms": 1e3 * latency["ttft"]["p50"],
-        "ttft_p99_ms": 1e3 * latency["ttft"]["p99"],
-        "tpot_p50_ms": 1e3 * tpot["p50"],
-        "tpot_p99_ms": 1e3 * tpot["p99"],
-        "tokens_per_s": tp["output_tokens_per_s"],
-        "goodput_rps": rate * met,
-        "slo_met_pct": 100 * met,
-    }
 
 
 def itl_series(outputs: Sequence[DisaggOutput], ids: Sequence[int]) -> list[tuple[float, float]]:
@@ -234,169 +219,6 @@ def kv_transfer_table(tokens: int = 4096) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU-sized, on the simulated clock
-
-
-@dataclass(frozen=True)
-class SimulatedSweep:
-    """A GPU-sized cluster on the simulated clock: the model (a preset), one accelerator's peak
-    FLOP/s and memory bandwidth (default: an H100 SXM's datasheet, bf16), the link between prefill
-    and decode workers, a chat-like workload and the SLO."""
-
-    model: str = "Llama-3-8B"
-    peak_flops: float = 989e12
-    bandwidth: float = 3.35e12
-    link: str = "RDMA 400 Gb/s"  # a key of measure.links.LINKS, or "<name>=<GB/s>"
-    rates: tuple[float, ...] = (8.0, 16.0, 24.0, 32.0, 40.0)  # requests/s (whole cluster; per GPU in pd_ratio_sweep)
-    duration: float = 20.0  # seconds of arrivals per run: a short burst would hide a queue that keeps growing
-    min_requests: int = 100  # requests per run at least
-    prompt_median: float = 1024
-    output_median: float = 128
-    max_len: int = 4096
-    max_batch: int = 64
-    num_blocks: int = 8192  # blocks of 16 tokens per worker
-    token_budget: int = 512  # chunked prefill
-    workers: int = 2  # GPUs per mode in the rate sweep (colocated replicas, or 1P + 1D)
-    slo: SLO = field(default_factory=lambda: SLO(ttft=1.0, tpot=0.02, max_itl=0.25))
-    seed: int = 0
-    step_cost: StepCost | None = None  # None: the roofline estimate; else e.g. one fitted to a GPU's steps
-
-    def __post_init__(self) -> None:
-        check_field_types(self, ints=("min_requests", "max_len", "max_batch", "num_blocks", "token_budget", "workers"))
-        if not (math.isfinite(self.duration) and self.duration > 0):
-            raise ValueError(f"duration must be positive seconds, got {self.duration!r}")
-        if self.workers < 2:
-            raise ValueError(f"workers must be at least 2 (a prefill and a decode worker), got {self.workers}")
-        self.link_spec()
-
-    def link_spec(self) -> Link:
-        if self.link in LINKS:
-            return LINKS[self.link]
-        name, _, gbs = self.link.partition("=")
-        try:
-            return Link(name, float(gbs) * 1e9, LINKS["RDMA 400 Gb/s"].latency, "")
-        except ValueError:
-            raise ValueError(f"link must be one of {list(LINKS)} or '<name>=<GB/s>', got {self.link!r}") from None
-
-    def engine(self, chunked: bool = False) -> EngineConfig:
-        cost = self.step_cost or roofline_step_cost(preset(self.model), self.peak_flops, self.bandwidth)
-        budget = self.token_budget if chunked else None
-        return EngineConfig(
-            self.num_blocks, 16, False, SchedulerConfig("continuous", self.max_batch, token_budget=budget), cost
-        )
-
-    def cluster(self, mode: str, prefill: int = 1, decode: int = 1) -> ClusterConfig:
-        if mode in ("colocated", "chunked"):
-            return ClusterConfig(prefill=self.engine(mode == "chunked"), prefill_workers=prefill, decode_workers=0)
-        link = self.link_spec()
-        return ClusterConfig(
-            prefill=self.engine(),
-            prefill_workers=prefill,
-            decode_workers=decode,
-            transfer_seconds_per_byte=1 / link.bandwidth,
-            transfer_latency=link.latency,
-        )
-
-    def requests(self, rate: float) -> list[Request]:
-        n = max(self.min_requests, math.ceil(rate * self.duration))
-        trace = chat_trace(n, rate, self.prompt_median, SIGMA, self.output_median, SIGMA, self.max_len, self.seed)
-        return requests_from_trace(trace, preset(self.model).vocab_size, self.seed)
-
-
-def simulate_mode(sweep: SimulatedSweep, mode: str, rate: float, prefill: int = 1, decode: int = 1) -> dict:
-    """One simulated run: the figures of ``run_figures`` plus the handoffs' mean transfer time."""
-    run = simulate_cluster(preset(sweep.model), sweep.requests(rate), sweep.cluster(mode, prefill, decode))
-    figures = run_figures(run.outputs, sweep.slo, rate)
-    moved = [t for t in run.transfers if t is not None]
-    figures["transfer_ms"] = 1e3 * float(np.mean([t.seconds + t.link_wait for t in moved])) if moved else 0.0
-    return figures
-
-
-def simulated_goodput(sweep: SimulatedSweep | None = None) -> list[dict]:
-    """Goodput against the rate for colocated and chunked replicas and 1:(workers-1) disaggregation,
-    the same number of GPUs each."""
-    s = sweep or SimulatedSweep()
-    rows = []
-    for rate in s.rates:
-        for mode in ("colocated", "chunked"):
-            rows.append({"mode": mode, "rate": rate, **simulate_mode(s, mode, rate, prefill=s.workers)})
-        name = f"disagg 1:{s.workers - 1}"
-        rows.append({"mode": name, "rate": rate, **simulate_mode(s, "disagg", rate, 1, s.workers - 1)})
-    return rows
-
-
-def max_rate_within_slo(
-    sweep: SimulatedSweep, mode: str, prefill: int, decode: int, attainment: float = 90.0, steps: int = 6
-) -> float:
-    """The highest rate at which ``attainment`` % of requests meet the SLO: bisection (on a log scale,
-    ``steps`` halvings) between the lowest and highest of ``sweep.rates``, taken per worker, times the
-    workers. 0 if even the lowest fails; the highest if it passes."""
-    workers = prefill + decode
-    low, high = min(sweep.rates), max(sweep.rates) * workers
-
-    def ok(rate: float) -> bool:
-        return simulate_mode(sweep, mode, rate, prefill, decode)["slo_met_pct"] >= attainment
-
-    if not ok(low):
-        return 0.0
-    if ok(high):
-        return high
-    for _ in range(steps):
-        mid = math.sqrt(low * high)
-        low, high = (mid, high) if ok(mid) else (low, mid)
-    return low
-
-
-def pd_ratio_sweep(
-    sweep: SimulatedSweep | None = None,
-    ratios: Sequence[tuple[int, int]] = ((1, 1), (1, 2), (2, 1), (1, 3), (3, 1)),
-    steps: int = 6,
-) -> list[dict]:
-    """DistServe's per-GPU goodput (Zhong et al., 2024): the highest rate at which 90% of requests
-    meet the SLO, divided by the GPUs, for one colocated GPU, one chunked GPU and each P:D ratio.
-    ``sweep.rates`` bound the search, per GPU."""
-    s = sweep or SimulatedSweep()
-    rows = []
-    for mode in ("colocated", "chunked"):
-        rate = max_rate_within_slo(s, mode, 1, 0, steps=steps)
-        rows.append({"ratio": mode, "workers": 1, "goodput_rps": rate, "goodput_per_worker": rate})
-    for p, d in ratios:
-        rate = max_rate_within_slo(s, "disagg", p, d, steps=steps)
-        rows.append({"ratio": f"{p}:{d}", "workers": p + d, "goodput_rps": rate, "goodput_per_worker": rate / (p + d)})
-    return rows
-
-
-SCENARIOS = {  # where disaggregation should win, and where it should not (changes to SimulatedSweep)
-    "long prompts, TPOT <= 20 ms": {},
-    "short prompts, TPOT <= 100 ms": {
-        "prompt_median": 64,
-        "output_median": 256,
-        "slo": SLO(ttft=1.0, tpot=0.1, max_itl=0.25),
-    },
-    "long prompts, 10 Gb/s link": {"link": "10 Gb/s Ethernet=1.25"},
-}
-
-
-def scenario_table(sweep: SimulatedSweep | None = None, ratios=((1, 1), (2, 1), (1, 2))) -> list[dict]:
-    """Per-GPU goodput of colocated, chunked and the best P:D ratio in each of ``SCENARIOS``."""
-    s = sweep or SimulatedSweep()
-    rows = []
-    for name, changes in SCENARIOS.items():
-        pd = pd_ratio_sweep(replace(s, **changes), ratios)
-        best = max(pd[2:], key=lambda r: r["goodput_per_worker"])
-        rows.append(
-            {
-                "scenario": name,
-                "colocated": pd[0]["goodput_per_worker"],
-                "chunked": pd[1]["goodput_per_worker"],
-                "best P:D": best["ratio"],
-                "disagg": best["goodput_per_worker"],
-            }
-        )
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------
 # Tables
 
 
@@ -452,22 +274,6 @@ def format_links(rows: Sequence[Mapping]) -> str:
         "prefill_ms": "prefill ms",
     }
     return format_table(body, columns, title="A 4k-token request's K/V (bf16) vs its prefill on one H100 (estimates)")
-
-
-def format_simulated(sim: Mapping) -> str:
-    o = sim["options"]
-    slo = o["slo"]
-    where = f"{o['model']}, roofline step costs ({o['peak_flops'] / 1e12:g} TFLOP/s, {o['bandwidth'] / 1e12:g} TB/s)"
-    bound = f", max gap {1e3 * slo['max_itl']:g} ms" if slo.get("max_itl") else ""
-    rule = f"SLO TTFT {slo['ttft']} s, TPOT {1e3 * slo['tpot']:g} ms{bound}"
-    keys = ["mode", "rate", "ttft_p99_ms", "tpot_p99_ms", "goodput_rps", "slo_met_pct"]
-    rows = [{k: r[k] for k in keys} for r in sim["goodput"]]
-    parts = [
-        format_table(rows, title=f"SIMULATED clock: {where}, {o['workers']} GPUs per mode, {rule}"),
-        format_table(sim["pd_ratio"], title="Per-GPU goodput by P:D ratio (90% within the SLO; simulated)"),
-        format_table(sim["scenarios"], title="Per-GPU goodput, req/s, where disaggregation wins and loses (simulated)"),
-    ]
-    return "\n\n".join(parts)
 
 
 def format_disagg(figures: Mapping) -> str:

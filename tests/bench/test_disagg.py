@@ -11,10 +11,12 @@ from minillm.bench.batching import InterferenceWorkload
 from minillm.bench.disagg import (
     MODES,
     DisaggBench,
-    SimulatedSweep,
     bench_disagg,
     format_disagg,
     kv_transfer_table,
+)
+from minillm.bench.disagg_simulated import (
+    SimulatedSweep,
     max_rate_within_slo,
     pd_ratio_sweep,
     simulate_mode,
