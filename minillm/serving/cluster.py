@@ -16,19 +16,20 @@ prefill: Sarathi, Agrawal et al., 2023); otherwise ``PrefillEngine``s hand each 
 (Patel et al., 2024). Each engine keeps its own clock, ``engine.now``.
 
 The event loop is a conservative discrete-event simulation: it always handles the earliest event
-of (a) the next request's arrival, which a router sends to the prefill worker (or replica) with
-the least outstanding work, and (b) each worker's next step, at its clock if it has work, else
-when its next request or handoff is due. Ties go to arrivals, then prefill workers, then decode
-workers. Nothing is ever handled before an earlier event that could change it: a handoff is made
-by a step that began earlier than it can be ready.
+of (a) the next request's arrival, which the real workers' router (``serving.routing``: least
+outstanding tokens) sends to a prefill worker or replica, naming its decode worker at once when
+disaggregated, and (b) each worker's next step, at its clock if it has work, else when its next
+request or handoff is due. Ties go to arrivals, then prefill workers, then decode workers.
+Nothing is ever handled before an earlier event that could change it: a handoff is made by a
+step that began earlier than it can be ready. (The router hears of a step's handoffs and outputs
+when the step is handled, at its start; a real router hears at its end.)
 
 A handoff leaves the prefill worker with its first token and is ready on the decode side after
 ``transfer_latency + nbytes x transfer_seconds_per_byte`` seconds, once the link is free: each
-prefill worker has one link, and its transfers go over it one after another. The router picks
-its decode worker when it leaves (the K/V go point to point), the one with the fewest decode
-tokens left; there it waits, in order of readiness, until ``DecodeEngine.can_admit`` finds room
-(backpressure; the first in line is never overtaken). A request that ends at its first token
-(max_tokens 1, a stop id) ends at the prefill.
+prefill worker has one link, and its transfers go over it one after another, each to the decode
+worker the router named; there it waits, in order of readiness, until ``DecodeEngine.can_admit``
+finds room (backpressure; the first in line is never overtaken). A request that ends at its first
+token (max_tokens 1, a stop id) ends at the prefill.
 
 ``roofline_step_cost`` gives the engines a clock for a real model on a real accelerator, from its
 shape and the accelerator's datasheet: an estimate, not a measurement.
@@ -45,6 +46,7 @@ from itertools import count
 from ..core.config import ModelConfig
 from .engine import Engine, EngineConfig, RequestOutput, RequestTooLargeError, SimulatedModel
 from .handoff import DecodeEngine, Handoff, PrefillEngine, kv_handoff_bytes
+from .routing import Router
 from .step_cost import StepCost
 from .workload import Request, copy_requests, number_requests
 
@@ -156,11 +158,11 @@ def simulate_cluster(model_config: ModelConfig, requests: Sequence[Request], clu
     """Serve copies of ``requests`` on a simulated cluster (``SimulatedModel`` engines, ``StepCost``
     clocks). Every request is checked first (``RequestTooLargeError`` before anything runs);
     requests without an id are numbered as ``Engine.run`` numbers them."""
-    return _Cluster(model_config, cluster).run(number_requests(copy_requests(requests)))
+    return _SimulatedCluster(model_config, cluster).run(number_requests(copy_requests(requests)))
 
 
-class _Cluster:
-    """The workers and the event loop of one simulation."""
+class _SimulatedCluster:
+    """The workers, their router and the event loop of one simulation."""
 
     def __init__(self, model_config: ModelConfig, cluster: ClusterConfig):
         c = self.cluster = cluster
@@ -173,6 +175,8 @@ class _Cluster:
                 for _ in range(c.prefill_workers)
             ]
         self.back = [DecodeEngine(SimulatedModel(model_config), c.decode_config) for _ in range(c.decode_workers)]
+        roles = ["colocated"] * len(self.front) if c.colocated else ["prefill"] * len(self.front)
+        self.router = Router(roles + ["decode"] * len(self.back))  # decode worker j is the router's len(front) + j
         self.queues: list[list[tuple[float, int, Handoff]]] = [[] for _ in self.back]  # heaps by ready time
         self._order = count()  # ties in a queue: the order handoffs were sent
         self.outputs: dict[int, RequestOutput] = {}
@@ -226,10 +230,8 @@ class _Cluster:
     # -- the prefill side ------------------------------------------------------------------------
 
     def _dispatch(self, request: Request) -> None:
-        """Route an arrival to the prefill worker or replica with the least outstanding work."""
-        load = _replica_load if self.cluster.colocated else _prefill_load
-        i = min(range(len(self.front)), key=lambda i: load(self.front[i]))
-        self.front[i].add_request(request)
+        """Route an arrival as the real router does (``Router.route``)."""
+        self.front[self.router.route(request).prefill_worker].add_request(request)
 
     def _step_front(self, i: int, t: float) -> None:
         engine = self.front[i]
@@ -241,12 +243,13 @@ class _Cluster:
         self._finish(finished)
         if not self.cluster.colocated:
             for handoff in engine.take_handoffs():
+                self.router.prefilled(handoff.request.id)
                 self._send(i, handoff)
 
     def _send(self, i: int, handoff: Handoff) -> None:
-        """Put a handoff on its way to the decode worker with the fewest decode tokens left."""
+        """Put a handoff on its way to the decode worker the router named for it."""
         c, r = self.cluster, handoff.request
-        j = min(range(len(self.back)), key=self._decode_load)
+        j = self.router.placed[r.id].decode_worker - len(self.front)
         seconds = c.transfer_latency + handoff.nbytes * c.transfer_seconds_per_byte
         start = max(handoff.first_time, self.link_free[i])  # one link per prefill worker: transfers queue on it
         self.link_free[i] = start + seconds
@@ -258,12 +261,6 @@ class _Cluster:
         heapq.heappush(self.queues[j], (handoff.ready, next(self._order), handoff))
 
     # -- the decode side -------------------------------------------------------------------------
-
-    def _decode_load(self, j: int) -> int:
-        """Decode tokens a decode worker has left: its running sequences' and its queued handoffs'."""
-        seqs = (*self.back[j].scheduler.running, *self.back[j].scheduler.waiting)
-        running = sum(s.request.max_tokens - len(s.outputs) for s in seqs)
-        return running + sum(h.request.max_tokens - 1 for _, _, h in self.queues[j])
 
     def _back_next(self, j: int) -> float | None:
         """When decode worker j acts next: now if it has sequences, else when its first handoff is ready."""
@@ -301,6 +298,7 @@ class _Cluster:
             if out.request.id in self.outputs:
                 raise RuntimeError(f"request {out.request.id} finished twice")
             self.outputs[out.request.id] = out
+            self.router.finished(out.request.id)
 
 
 def _front_next(engine: Engine) -> float | None:
@@ -309,20 +307,6 @@ def _front_next(engine: Engine) -> float | None:
         return engine.now
     arrival = engine.next_arrival
     return None if arrival is None else max(engine.now, arrival)
-
-
-def _prefill_load(engine: Engine) -> int:
-    """Prompt tokens a prefill worker has not prefilled yet."""
-    queued = sum(len(s.tokens) - s.num_computed for s in (*engine.scheduler.running, *engine.scheduler.waiting))
-    return queued + sum(len(r.prompt) for _, _, r in engine._pending)
-
-
-def _replica_load(engine: Engine) -> tuple[int, int]:
-    """A colocated replica's load: requests in flight, then tokens left to feed or generate."""
-    seqs = (*engine.scheduler.running, *engine.scheduler.waiting)
-    in_flight = len(seqs) + len(engine._pending)
-    left = sum(max(0, len(s.request.prompt) - s.num_computed) + s.request.max_tokens - len(s.outputs) for s in seqs)
-    return in_flight, left + sum(len(r.prompt) + r.max_tokens for _, _, r in engine._pending)
 
 
 # ---------------------------------------------------------------------------------------------
