@@ -43,7 +43,7 @@ ALLOWED = {
     "decoding": {"core", "training"},
     "parallel": {"core", "measure"},
     "runtime": {"core", "compression"},
-    "serving": {"core", "kv", "measure", "runtime"},
+    "serving": {"core", "kv", "measure", "parallel", "runtime"},
     "bench": {
         "core",
         "kernels",

@@ -20,6 +20,7 @@ from minillm.core.sampling import SamplingParams
 from minillm.serving.disagg import DisaggConfig, DisaggregatedEngine, ReplicatedEngine, WorkerError
 from minillm.serving.engine import Engine, EngineConfig
 from minillm.serving.handoff import DecodeEngine, PrefillEngine, kv_handoff_bytes
+from minillm.serving.routing import Router
 from minillm.serving.workload import Request
 
 pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
@@ -156,12 +157,37 @@ def test_seeded_sampling_matches_one_engine(model, one_to_one):
     assert [o.tokens for o in outputs] == [o.tokens for o in reference]  # the sampler's state went along
 
 
+def placed_by_the_rule(roles: list[str], requests: list[Request]) -> list[tuple[int, int | None]]:
+    router = Router(roles)
+    return [(p.prefill_worker, p.decode_worker) for p in map(router.route, requests)]
+
+
+def at_once(vocab: int, lengths, max_tokens) -> list[Request]:
+    """Requests that all arrive at 0: every one is placed before any output can come back."""
+    rng = np.random.default_rng(1)
+    return [Request(rng.integers(0, vocab, n).tolist(), m, id=i) for i, (n, m) in enumerate(zip(lengths, max_tokens))]
+
+
+def test_the_real_router_places_requests_by_the_one_rule(model, one_to_two):
+    """The same rule as the simulated cluster (tests/serving/test_routing.py): outstanding tokens."""
+    requests = at_once(model.config.vocab_size, [3, 20, 9, 2, 12, 5], [12, 2, 3, 9, 4, 6])
+    outputs = one_to_two.run(requests)
+    placed = [(o.prefill_worker, o.decode_worker) for o in outputs]
+    assert placed == placed_by_the_rule(["prefill", "decode", "decode"], requests)
+    assert placed == [(0, 1), (0, 2), (0, 2), (0, 2), (0, 1), (0, 2)]  # counting requests would alternate
+
+
 def test_replicas_equal_generate(model):
     requests = workload(model.config.vocab_size)
     with ReplicatedEngine(MODEL, 2, config()) as engine:
         outputs = engine.run(requests)
+        lengths, max_tokens = [40, 3, 3, 3, 30, 2], [4, 4, 4, 4, 4, 4]
+        burst = at_once(model.config.vocab_size, lengths, max_tokens)
+        placed = [(o.prefill_worker, o.decode_worker) for o in engine.run(burst)]
     assert engine.alive == 0
     assert {o.prefill_worker for o in outputs} == {0, 1} and {o.decode_worker for o in outputs} == {None}
+    assert placed == placed_by_the_rule(["colocated"] * 2, burst)
+    assert [first for first, _ in placed] == [0, 1, 1, 1, 1, 0]  # by tokens, not by requests in flight
     for r, o in zip(requests, outputs):
         assert o.tokens == greedy(model, r.prompt, r.max_tokens) and o.kv_bytes == 0
 
@@ -226,29 +252,22 @@ def test_an_interrupt_in_the_router_stops_the_workers(model, monkeypatch):
     assert engine.alive == 0  # stopped and reaped, not left serving a half-finished run
 
 
-def test_worker_devices():
-    from minillm.serving.disagg import worker_device
-
-    assert worker_device("cpu", 3) == "cpu"
-    if torch.cuda.is_available():
-        assert worker_device("cuda", 1) == f"cuda:{1 % torch.cuda.device_count()}"
-
-
 def test_a_handoff_that_overtakes_its_runs_start_waits_for_it(model):
     """The router's "start" and a prefill worker's "handoff" reach a decode worker's inbox from two
     processes, in either order: a handoff of the next run that comes first is kept for that run,
     not dropped when its "start" resets the worker (under load this hung a run for its timeout)."""
-    from minillm.serving.disagg import _Worker, _WorkerSpec
+    from minillm.serving.disagg_worker import Worker, WorkerSpec
     from minillm.serving.handoff import Handoff
 
-    spec = _WorkerSpec(1, "decode", MODEL, config(), 2, None)
-    worker = _Worker(spec, model, inbox=None, outbox=None, inboxes=[])
+    worker = Worker(1, WorkerSpec("decode", MODEL), model, inbox=None, outbox=None, inboxes=[])
+    c = config()
     early = Handoff(Request([1, 2, 3], 4, id=7), 5, 0.0, None, 0)
     worker.handle(("handoff", early, 0, 123.0))  # the next run's handoff, before that run's start
     assert not worker.runnable() and worker.early
-    worker.handle(("start", 123.0, config()))
+    worker.handle(("start", 123.0, c.prefill, c.decode, False))
     assert list(worker.waiting) == [(early, 0)] and worker.early == []
+    assert worker.engine.config.num_blocks == c.decode.num_blocks  # the run's decode engine, as sent
     worker.handle(("handoff", early, 0, 123.0))  # one of the current run: taken at once
     assert len(worker.waiting) == 2
-    worker.handle(("start", 456.0, config()))  # a later run never takes in an older run's handoff
+    worker.handle(("start", 456.0, c.prefill, c.decode, False))  # a later run never takes in an older run's handoff
     assert not worker.waiting
