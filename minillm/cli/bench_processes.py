@@ -101,7 +101,6 @@ def add_disagg(kinds) -> None:
 def cmd_bench_parallel(args: argparse.Namespace) -> int:
     from ..bench.parallel import ParallelBench, bench_parallel, format_parallel
     from ..parallel.launch import RankError
-    from ..serving.disagg import WorkerError
 
     with bad_input():
         changes = {"model": args.model, "ranks": tuple(args.ranks), "replicas": tuple(args.replicas)}
@@ -114,7 +113,7 @@ def cmd_bench_parallel(args: argparse.Namespace) -> int:
         f"tensor and pipeline parallel {args.model} on {list(options.ranks)} ranks (1 thread each), "
         f"then {list(options.replicas)} replicas" + (" (quick: not saved)" if args.quick else "") + "..."
     )
-    errors = (RankError, WorkerError, ValueError)
+    errors = (RankError, ValueError)  # a worker's failure is a RankError too
     # a quick run's figures are a test, not a result
     return run_benchmark(args, what, lambda: bench_parallel(options), format_parallel, errors, save=not args.quick)
 
