@@ -113,7 +113,6 @@ def resolve_eos(eos_token_id, config) -> tuple[int, ...]:
     return token_id_tuple(ids, "eos_token_id")
 
 
-@torch.inference_mode()
 def sampling_params(
     sampling: SamplingParams | None, temperature: float, top_k: int | None, top_p: float | None, seed: int | None
 ) -> SamplingParams:
@@ -127,6 +126,7 @@ def sampling_params(
     return sampling
 
 
+@torch.inference_mode()
 def generate(
     model: Transformer,
     input_ids,

@@ -151,3 +151,19 @@ def test_static_length_buckets():
     assert static_length(300, 1024) == 512
     assert static_length(900, 1000) == 1000
     assert static_length(1000, 1000) == 1000
+
+
+def test_compiled_generation_needs_no_autograd_so_its_static_caches_never_do():
+    """generate(compile=True) runs under inference mode: were it not, the cache's buffers would
+    take requires_grad from the keys written into them, and the next call would recompile into a
+    training graph several times slower (which a misplaced decorator once caused)."""
+    model = one_layer(seed=5)
+    modes = []
+    record = lambda token: modes.append(torch.is_inference_mode_enabled())  # noqa: E731
+    first = generate(model, PROMPT, 8, eos_token_id=None, compile=True, on_token=record)
+    for _ in range(3):
+        again = generate(model, PROMPT, 8, eos_token_id=None, compile=True, on_token=record)
+        assert again.compile_time == 0 and again.token_lists() == first.token_lists()
+    assert len(modes) == 4 * 8 and all(modes)
+    for fwd in model.__dict__["_compiled_forwards"].values():
+        assert not any(t.requires_grad for t in (*fwd.cache.k, *fwd.cache.v))

@@ -441,3 +441,20 @@ def test_generate_takes_the_sampling_params_every_decoder_takes(model):
         minillm.generate(model, ids, 8, sampling=params, temperature=0.5)
     with pytest.raises(ValueError, match="sampling must be a SamplingParams"):
         minillm.generate(model, ids, 8, sampling={"temperature": 0.5})
+
+
+def test_every_decoding_loop_runs_without_autograd(model):
+    """No forward of generate (cached, recomputing) or of a decoder builds an autograd graph."""
+    from minillm.decoding.lookahead import LookaheadConfig, lookahead_generate
+    from minillm.decoding.prompt_lookup import prompt_lookup_generate
+    from minillm.decoding.speculative import speculative_generate
+
+    grad_seen = []
+    model.register_forward_hook(lambda module, args, out: grad_seen.append(torch.is_grad_enabled()))
+    prompt = [3, 14, 15, 92, 65, 35, 3, 14]
+    generate(model, prompt, 4, eos_token_id=None)
+    generate(model, prompt, 4, eos_token_id=None, use_cache=False)
+    speculative_generate(model, model, prompt, 4, k=2, eos_token_id=None)
+    prompt_lookup_generate(model, prompt, 4, k=2, eos_token_id=None)
+    lookahead_generate(model, prompt, 4, LookaheadConfig(window=2, ngram=3, max_candidates=2), eos_token_id=None)
+    assert len(grad_seen) > 5 and not any(grad_seen)
