@@ -2,6 +2,7 @@
 the code column holds (PAGE_WIDTH, 88 characters at 1280 px with book/_static/page.css), so no
 code block scrolls sideways and no table loses a column off the right edge."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,8 @@ def shown_text(output: dict) -> str:
     if output["output_type"] == "error":
         return "\n".join(output["traceback"])
     data = output.get("data", {})
-    if "text/markdown" in data:  # the library's code on the page (book.source.show) among others
-        return "".join(data["text/markdown"])
+    if "text/markdown" in data:  # its code blocks (book.source.show); its tables wrap to the column
+        return "\n".join(re.findall(r"^```[a-z]*\n(.*?)^```", "".join(data["text/markdown"]), re.M | re.S))
     return "".join(data["text/plain"]) if list(data) == ["text/plain"] else ""
 
 
