@@ -228,8 +228,11 @@ class _ProcessCluster:
             kind = message[0]
             if kind == "prefilled":
                 _, _, rid, nbytes = message
-                self.router.prefilled(rid)
-                where[rid]["kv_bytes"] = nbytes
+                # Two workers' messages share no order: the decode worker's output may come first,
+                # and then the router has unloaded the request already (and "admitted" gave its bytes).
+                if rid in self.router.placed:
+                    self.router.prefilled(rid)
+                    where[rid]["kv_bytes"] = nbytes
             elif kind == "admitted":
                 where[message[2]].update(message[3])
             elif kind == "output":

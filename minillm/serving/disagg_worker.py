@@ -171,8 +171,8 @@ class Worker:
             dst = self.decoder_of.pop(rid)
             kv = h.kv.to(self.wire).contiguous()
             self.sends.append((dist.isend(kv, dst, tag=rid), kv))
+            self.outbox.put(("prefilled", self.rank, rid, h.nbytes))  # before the decode worker can answer
             self.inboxes[dst].put(("handoff", h.without_kv(), self.rank, self.t0))
-            self.outbox.put(("prefilled", self.rank, rid, h.nbytes))
 
     def finish_sends(self) -> None:
         for w, _ in self.sends:

@@ -80,3 +80,16 @@ def test_the_simulated_cluster_places_requests_as_the_rule_does():
     run = simulate_cluster(model, requests(), colocated)
     served_by = [next(i for i, e in enumerate(run.prefill_engines) if r.id in e.outputs) for r in requests()]
     assert [(i, None) for i in served_by] == router_choices(["colocated"] * 3)
+
+
+def test_a_handoff_frees_its_prefill_worker_for_the_next_arrival():
+    """A long request prefilled at t=0 and still decoding when the next one arrives: with its
+    prompt handed off, both prefill workers have no load and the tie goes to worker 0; a router
+    that forgot the handoff would send the newcomer to worker 1."""
+    model = preset("Llama-3-8B")
+    cluster = ClusterConfig(prefill=engine_config(), prefill_workers=2, decode_workers=1)
+    long, later = Request([1] * 400, 400, arrival=0.0, id=0), Request([1] * 50, 5, arrival=1.0, id=1)
+    run = simulate_cluster(model, [long, later], cluster)
+    first_token, last_token = run.outputs[0].metrics.token_times[0], run.outputs[0].metrics.token_times[-1]
+    assert first_token < later.arrival < last_token  # prefilled, and still decoding when the second came
+    assert [t.prefill_worker for t in run.transfers] == [0, 0]
