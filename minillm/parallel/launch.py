@@ -106,6 +106,8 @@ def child_main(rv: Rendezvous, body: Callable, args: tuple, reports) -> None:
     joined = False
     try:
         torch.set_num_threads(rv.threads)
+        if rv.backend == "nccl":  # each rank's GPU chosen before its communicator is made
+            torch.cuda.set_device(rv.rank % torch.cuda.device_count())
         if rv.init_file is not None:
             join_group(rv)
             joined = True
@@ -317,7 +319,9 @@ def under_torchrun() -> bool:
 def init_from_env(device: str = "cpu", timeout: float = 120.0) -> tuple[int, int]:
     """Join the process group torchrun describes in the environment; returns (rank, world_size)."""
     if not dist.is_initialized():
-        backend = default_backend(device, int(os.environ.get("WORLD_SIZE", "1")))
+        # the ranks of this node: device_count() is per node, WORLD_SIZE counts every node's ranks
+        local = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+        backend = default_backend(device, int(local))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
     return dist.get_rank(), dist.get_world_size()
 

@@ -4,6 +4,7 @@ disaggregated workers' error is of the same kind."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 
@@ -59,3 +60,4 @@ def test_a_rank_that_dies_without_a_word_ends_the_launch_within_the_bound():
     with pytest.raises(RankError, match=r"rank 1 of 2 \(exit code 3\) exited without a report"):
         launch(die_on_rank_one, 2, timeout=60.0)
     assert time.monotonic() - start < 30.0
+    assert not multiprocessing.active_children()  # the other rank was reaped too
