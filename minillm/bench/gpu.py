@@ -18,7 +18,8 @@
   compute part of TP, measured), plus the predicted all-reduces over NVLink: a predicted
   multi-GPU speedup beside gpt-fast's published one (``minillm.bench.gpu_parallel``);
 - chapter 16's first two rungs, recompute vs KV cache on the same Llama-3-8B, which with the
-  decode and compression sections make the GPU ladder (``minillm.runtime.recipes``).
+  decode and compression sections make the GPU ladder (the rungs: ``minillm.runtime.recipes``;
+  its rows: ``minillm.bench.capstone_tables.gpu_ladder_rows``).
 
 Every section runs under its own time limit and inside try/except: a failure is recorded in the
 JSON and the next section runs. The JSON is rewritten after each section, so a run cut short
@@ -54,7 +55,7 @@ from ..measure.roofline import DATASHEETS
 from ..measure.timing import repeat
 from ..runtime.recipes import LADDER, generate_as
 from .gpu_compression import compression_speed
-from .gpu_decode import decode_bytes, decode_step, median_step_seconds
+from .gpu_decode import TIMER, decode_bytes, decode_step, median_step_seconds
 from .gpu_disagg import disagg_steps
 from .gpu_kernels import GOALS, SectionTimeout, attention_speed, check_correctness, paged_bandwidth
 from .gpu_parallel import tp_shard_decode
@@ -125,6 +126,7 @@ def decode_speed(deadline: float, out: dict, gpu_name: str) -> None:
         dtype=str(dtype)[6:],
         batch=1,
         cache_slots=max_len,
+        timer=TIMER,
         bytes_per_step=step_bytes,
         datasheet_GB_s=peak and peak / 1e9,
         copy_GB_s=copy_bw / 1e9,

@@ -36,7 +36,7 @@ from ..compression.fastpath import check_kernel
 from ..compression.quant import QuantizedLinear, QuantSpec, quantized_layers
 from ..core.device import cuda_half_dtype
 from ..core.model import Transformer, random_model
-from .gpu_decode import cuda_graphed, decode_bytes, decode_step, median_step_seconds
+from .gpu_decode import TIMER, cuda_graphed, decode_bytes, decode_step, median_step_seconds
 from .gpu_kernels import GOALS, SectionTimeout, _guarded, cuda_time
 from .roofline import measure_bandwidth
 
@@ -243,6 +243,7 @@ def compression_speed(deadline: float, out: dict) -> None:
         dtype=str(dtype)[6:],
         method="rtn; eager once, then one CUDA graph per step",
         steps=STEPS,
+        timer=TIMER,
         cache_slots=MAX_LEN,
         copy_GB_s=copy_bw / 1e9,
     )

@@ -5,8 +5,11 @@ A step is ``step(token (B, 1), position (B, 1)) -> next token (B, 1)``, greedy, 
 ``core.compiled.StaticCache`` (a fixed-size cache, which a CUDA graph needs). ``decode_step``
 builds one for a model; ``cuda_graphed`` captures it as one CUDA graph; ``median_step_seconds``
 times it: each step alone with the device synchronized around it (``timing.timed``), the median
-over ``steps`` after a warm-up. At batch 1 an 8B step takes milliseconds, so the synchronization
-adds well under 1%; the median keeps one slow step (a clock change, another tenant) out.
+over ``steps`` after a warm-up. The median keeps one slow step (a clock change, another tenant)
+out. The synchronization costs a graphed step little (an 8B step takes milliseconds), but it
+also keeps an eager step's CPU launches from overlapping the GPU's work of the step before, as
+they would in a run of steps: eager figures are, if anything, pessimistic. Every section records
+``TIMER`` beside its figures, since GPU results saved before used runs of steps.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..measure.timing import timed
 
 Step = Callable[[Tensor, Tensor], Tensor]
 WARMUP = 3
+TIMER = f"median of single steps, each synchronized, after {WARMUP} warm-up steps"
 
 
 def decode_step(model: Transformer, batch: int, max_len: int) -> tuple[Step, StaticCache]:

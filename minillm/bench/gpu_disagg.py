@@ -28,7 +28,7 @@ from ..serving.handoff import PrefillEngine
 from ..serving.scheduler import SchedulerConfig
 from ..serving.step_cost import fit_step_cost
 from ..serving.workload import Request, chat_trace, requests_from_trace
-from .disagg import SimulatedSweep, simulated_goodput
+from .disagg_simulated import SimulatedSweep, simulated_goodput
 
 MODEL = "Llama-3-8B"
 

@@ -36,7 +36,7 @@ from ..core.config import ModelConfig, preset
 from ..core.model import random_model
 from ..parallel.predict import TP_LINKS, allreduce_seconds, published_speedups, tp_all_reduces_per_forward
 from ..parallel.tensor import check_tensor_parallel, local_config
-from .gpu_decode import WARMUP, cuda_graphed, decode_bytes, decode_step, median_step_seconds
+from .gpu_decode import TIMER, WARMUP, cuda_graphed, decode_bytes, decode_step, median_step_seconds
 
 MODEL = "Llama-2-7B"
 TPS = (1, 2, 4, 8)
@@ -126,6 +126,7 @@ def tp_shard_decode(
         batch=1,
         context=context,
         steps=steps,
+        timer=TIMER,
         note="compute of one tensor-parallel rank, measured on one GPU; the all-reduces are predicted",
     )
     if device.type == "cuda":

@@ -107,8 +107,24 @@ def test_the_timed_decode_step_is_greedy_decoding_and_its_timer_a_median_of_sing
         tokens.append(token[0].item())
     expected = minillm.generate(model, [0], max_new_tokens=4, temperature=0.0).token_lists()[0]
     assert tokens == expected
-    assert gpu_decode.median_step_seconds(step, 2, steps=5, device="cpu", warmup=2) > 0
-    assert cache.positions[1, :8].tolist() == [*range(7), -1]  # 2 warm-up + 5 timed steps, one slot each
+    assert cache.positions[1, :5].tolist() == [0, 1, 2, 3, -1]
+
+
+def test_the_decode_timer_is_the_median_of_single_steps_after_the_warm_up(monkeypatch):
+    times = iter([9.0, 9.0, 3.0, 1.0, 2.0, 100.0, 4.0])  # two warm-up steps, then five timed
+    positions = []
+
+    def fake_timed(fn, device):
+        out = fn()
+        return next(times), out
+
+    def step(token, position):
+        positions.append(position[0, 0].item())
+        return token + 1
+
+    monkeypatch.setattr(gpu_decode, "timed", fake_timed)
+    assert gpu_decode.median_step_seconds(step, 2, steps=5, device="cpu", warmup=2) == 3.0
+    assert positions == list(range(7))  # one position per step, warm-up included
 
 
 def test_section_errors_are_recorded_not_raised(tmp_path, monkeypatch):
