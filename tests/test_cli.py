@@ -136,7 +136,6 @@ def test_a_shared_option_has_one_help_text_wherever_it_appears():
                 helps[flag].add(action.help)
     for flag in ("--device", "--threads", "--json", "--no-progress", "--quantize", "--group-size", "--max-batch"):
         assert len(helps[flag]) == 1, (flag, helps[flag])
-    assert len(helps["--device"] & helps["--threads"]) == 0
     for flag in ("--repeats", "--new-tokens", "--prompt-len", "--slo-ttft", "--slo-tpot", "--requests", "--no-save"):
         assert len({re.sub(r"\(default: .*\)$|bench_\w+|uptrain_gqa", "", h) for h in helps[flag]}) == 1, flag
         assert len(helps[flag]) > 1, f"{flag} is taken by one command only: nothing shared"

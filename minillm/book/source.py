@@ -52,16 +52,20 @@ class Excerpt:
 def ruff_format(code: str, width: int = PAGE_WIDTH) -> str | None:
     """``code`` formatted by ruff at ``width`` columns; None when ruff is not installed or the
     code does not parse on its own."""
-    ruff = shutil.which("ruff") or shutil.which("ruff", path=str(Path(sys.executable).parent))
+    # this Python's own ruff first (the book extra's), so the page does not depend on the PATH
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     if ruff is None:
         return None
-    done = subprocess.run(
-        [ruff, "format", "--isolated", f"--line-length={width}", "--stdin-filename=excerpt.py", "-"],
-        input=code,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    try:
+        done = subprocess.run(
+            [ruff, "format", "--isolated", f"--line-length={width}", "--stdin-filename=excerpt.py", "-"],
+            input=code,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
     return done.stdout.rstrip("\n") if done.returncode == 0 else None
 
 

@@ -152,7 +152,7 @@ def compile_option(what: str) -> argparse.ArgumentParser:
 def repeats_option(default: int | None, shown: str | None = None) -> argparse.ArgumentParser:
     """--repeats; ``shown`` says the default when the benchmark's options choose it (``default=None``)."""
     p = parent()
-    help_ = f"timed runs of each measurement, after a warm-up (default: {shown or default})"
+    help_ = f"timed runs of each measurement (default: {shown or default})"
     p.add_argument("--repeats", type=int, default=default, help=help_)
     return p
 

@@ -5,10 +5,10 @@ the new tokens and appends their keys and values. ``CompiledForward`` does the s
 ``torch.compile`` over a ``StaticCache``: buffers of a fixed number of slots that every step
 reads whole, masked by position, so that a forward of T new tokens has the same shapes at every
 step and compiles once (gpt-fast's recipe). ``StaticCache`` is the one fixed-shape cache of the
-package: a hand-written step (chapter 11, the GPU check) passes its ``view`` to the model. On CUDA it is compiled with
-``mode="reduce-overhead"``: the step is captured as a CUDA graph and replayed, one launch per
-step instead of one per kernel. On the CPU the weights are frozen into the graph (Inductor's
-``freezing``), which lets it prepack them for oneDNN's matrix kernels.
+package: a hand-written step (chapter 11, the GPU check) passes its ``view`` to the model. On
+CUDA it is compiled with ``mode="reduce-overhead"``: the step is captured as a CUDA graph and
+replayed, one launch per step instead of one per kernel. On the CPU the weights are frozen into
+the graph (Inductor's ``freezing``), which lets it prepack them for oneDNN's matrix kernels.
 
 Only the widths named in ``widths`` are compiled; any other forward (the prompt, a short tail)
 runs eagerly over the same static cache. ``warmup`` compiles them before a timer starts and
@@ -88,9 +88,9 @@ class StaticSlots:
 class StaticCache:
     """Per-layer K and V buffers (B, n_kv_heads, max_len, head_dim) and each slot's position
     (B, max_len), -1 for an empty slot. One tensor per layer, not one for all: writing into a
-    slice of a larger graph input makes the compiler copy the whole buffer every step.
-    ``length`` (slots written, host-side) moves forward with each forward and back with
-    ``truncate``."""
+    slice of a larger graph input makes the compiler copy the whole buffer every step. ``length``
+    (slots written, host-side) moves with a ``CompiledForward``'s forwards and ``truncate``; a
+    hand-written step through ``view`` leaves it at 0 (its positions say what is filled)."""
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
         check_sizes(batch_size=batch_size, max_len=max_len)

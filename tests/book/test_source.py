@@ -5,10 +5,11 @@ import ast
 import inspect
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from minillm.book import source
+from minillm.book import nbfiles, source
 from minillm.book.source import show
 from minillm.core.compiled import CompiledForward, StaticSlots
 from minillm.measure.report import PAGE_WIDTH
@@ -68,3 +69,39 @@ def test_the_page_shows_highlighted_python_under_its_header():
     md = excerpt._repr_markdown_()
     assert md.startswith(f"`{excerpt.header}`\n\n```python\ndef reserve(") and md.endswith("```\n")
     assert str(excerpt).splitlines()[0] == f"# {excerpt.header}"
+
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted(p for d in ("chapters", "solutions") for p in (ROOT / d).glob("*.ipynb"))
+
+
+def shown_excerpts(nb: dict) -> list[tuple[str, str]]:
+    """(the cell's source, its committed markdown output) of every cell that shows library code."""
+    found = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            md = "".join(out.get("data", {}).get("text/markdown", ""))
+            if md.startswith("`minillm/") and "```python" in md:
+                found.append((nbfiles.cell_source(cell), md))
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_code_a_page_shows_is_the_code_the_library_has_now(path):
+    """A committed excerpt equals what ``show`` renders from today's source: change a shown
+    function and this fails until the chapter is re-executed."""
+    nb = nbfiles.read_notebook(path)
+    excerpts = shown_excerpts(nb)
+    if not excerpts:
+        return
+    imports = "\n".join(
+        line
+        for cell in nb["cells"]
+        if cell["cell_type"] == "code"
+        for line in nbfiles.cell_source(cell).splitlines()
+        if line.startswith(("from minillm", "import minillm"))
+    )
+    namespace: dict = {}
+    exec(imports, namespace)
+    for source_, committed in excerpts:
+        assert eval(source_, namespace)._repr_markdown_() == committed, source_
