@@ -20,6 +20,7 @@ move fast, so each is a dated claim with its source, not a specification.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from minillm.measure.metrics import cost_per_million_tokens
@@ -100,8 +101,13 @@ def _cite(keys: tuple[str, ...]) -> str:
     return f" {{cite}}`{','.join(keys)}`" if keys else ""
 
 
+FLAG = re.compile(r"(?<![\w`-])(--[a-z][\w-]*)")
+
+
 def _md(text: str) -> str:
-    return text.replace("|", "\\|")
+    """A cell as Markdown: pipes escaped, command-line flags in code spans (as prose, Markdown's
+    smart quotes would turn their ``--`` into an en dash, and a copied flag would fail)."""
+    return FLAG.sub(r"`\1`", text.replace("|", "\\|"))
 
 
 def landscape_table(width: int = PAGE_WIDTH) -> str:

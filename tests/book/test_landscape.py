@@ -92,3 +92,11 @@ def test_batch_apis_publish_a_price_ratio_and_turnaround():
     assert {api.provider for api in ls.BATCH_APIS} >= {"OpenAI", "Anthropic", "Google"}
     for api in ls.BATCH_APIS:
         assert 0 < api.price_ratio < 1 and api.turnaround and api.cites
+
+
+def test_command_line_flags_are_code_in_the_markdown_table():
+    """A flag outside a code span would have its -- turned into an en dash on the page."""
+    md = ls.landscape_markdown()
+    assert "`--tp`" in md and "`--cache-prompt`" in md
+    outside_code = re.sub(r"`[^`]*`", "", md)
+    assert not re.search(r"--[a-z]", outside_code)
