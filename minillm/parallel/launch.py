@@ -107,7 +107,7 @@ def child_main(rv: Rendezvous, body: Callable, args: tuple, reports) -> None:
     try:
         torch.set_num_threads(rv.threads)
         if rv.backend == "nccl":  # each rank's GPU chosen before its communicator is made
-            torch.cuda.set_device(rv.rank % torch.cuda.device_count())
+            rank_device("cuda", rv.rank)
         if rv.init_file is not None:
             join_group(rv)
             joined = True

@@ -243,13 +243,12 @@ class _SimulatedCluster:
         self._finish(finished)
         if not self.cluster.colocated:
             for handoff in engine.take_handoffs():
-                self.router.prefilled(handoff.request.id)
-                self._send(i, handoff)
+                place = self.router.prefilled(handoff.request.id)
+                self._send(i, handoff, place.decode_worker - len(self.front))
 
-    def _send(self, i: int, handoff: Handoff) -> None:
-        """Put a handoff on its way to the decode worker the router named for it."""
+    def _send(self, i: int, handoff: Handoff, j: int) -> None:
+        """Put a handoff on its way to decode worker ``j``, the one the router named for it."""
         c, r = self.cluster, handoff.request
-        j = self.router.placed[r.id].decode_worker - len(self.front)
         seconds = c.transfer_latency + handoff.nbytes * c.transfer_seconds_per_byte
         start = max(handoff.first_time, self.link_free[i])  # one link per prefill worker: transfers queue on it
         self.link_free[i] = start + seconds

@@ -48,7 +48,7 @@ import torch
 from ..core.checkpoints import read_config, resolve
 from ..core.config import ModelConfig
 from ..measure.metrics import RequestMetrics
-from ..parallel.launch import Children, RankError, default_backend
+from ..parallel.launch import Children, RankError, check_world_size, default_backend
 from .disagg_worker import WorkerSpec, worker_main
 from .engine import Engine, EngineConfig, RequestOutput, SimulatedModel
 from .handoff import DecodeEngine, PrefillEngine
@@ -292,9 +292,8 @@ class DisaggregatedEngine(_ProcessCluster):
     ``run(requests) -> outputs`` like ``Engine.run``. Use it as a context manager (or ``close()``)."""
 
     def __init__(self, model_name_or_path, prefill_workers: int = 1, decode_workers: int = 1, config=None):
-        for name, n in (("prefill_workers", prefill_workers), ("decode_workers", decode_workers)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"{name} must be a positive integer, got {n!r}")
+        check_world_size(prefill_workers, "prefill_workers")
+        check_world_size(decode_workers, "decode_workers")
         self.prefill_workers, self.decode_workers = prefill_workers, decode_workers
         super().__init__(model_name_or_path, ["prefill"] * prefill_workers + ["decode"] * decode_workers, config)
 
@@ -304,7 +303,6 @@ class ReplicatedEngine(_ProcessCluster):
     together, configured by ``config.prefill``) behind the same router: the baseline."""
 
     def __init__(self, model_name_or_path, replicas: int = 1, config=None):
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            raise ValueError(f"replicas must be a positive integer, got {replicas!r}")
+        check_world_size(replicas, "replicas")
         self.replicas = replicas
         super().__init__(model_name_or_path, ["colocated"] * replicas, config)
