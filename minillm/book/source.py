@@ -140,3 +140,53 @@ def show(obj, start: str | None = None, stop: str | None = None, width: int = PA
     if start is not None:  # the file's line of the excerpt's first line
         line += next((i for i, text in enumerate(lines) if start in text), 0)
     return Excerpt(f"minillm/{file.relative_to(PACKAGE).as_posix()}", line, name, code)
+
+
+def _library_imports(nb: dict) -> str:
+    """The notebook's ``from minillm ...`` and ``import minillm`` lines, in order."""
+    from .nbfiles import cell_source
+
+    return "\n".join(
+        line
+        for cell in nb["cells"]
+        if cell["cell_type"] == "code"
+        for line in cell_source(cell).splitlines()
+        if line.startswith(("from minillm", "import minillm"))
+    )
+
+
+def excerpt_cells(nb: dict) -> list[dict]:
+    """The code cells that only show library code: their source is one ``show(...)`` call."""
+    from .nbfiles import cell_source
+
+    return [c for c in nb["cells"] if c["cell_type"] == "code" and cell_source(c).lstrip().startswith("show(")]
+
+
+def render_excerpts(nb: dict) -> list[tuple[dict, Excerpt]]:
+    """(cell, excerpt) for every excerpt cell, rendered from today's source with the names the
+    notebook imports from minillm."""
+    from .nbfiles import cell_source
+
+    namespace: dict = {}
+    exec(_library_imports(nb), namespace)
+    return [(cell, eval(cell_source(cell), namespace)) for cell in excerpt_cells(nb)]
+
+
+def refresh_excerpts(path: Path) -> int:
+    """Write each excerpt cell's output in the notebook at ``path`` afresh, as Jupyter would show
+    it (without running the rest of the notebook); the number of cells rendered."""
+    from .nbfiles import dump_notebook, read_notebook
+
+    nb = read_notebook(path)
+    rendered = render_excerpts(nb)
+    for cell, excerpt in rendered:
+        data = {"text/markdown": excerpt._repr_markdown_(), "text/plain": str(excerpt)}
+        count = cell.get("execution_count")
+        cell["outputs"] = [{"data": data, "execution_count": count, "metadata": {}, "output_type": "execute_result"}]
+    path.write_text(dump_notebook(nb))
+    return len(rendered)
+
+
+if __name__ == "__main__":  # python -m minillm.book.source chapters/04_kv_cache.ipynb ...
+    for name in sys.argv[1:]:
+        print(f"{name}: {refresh_excerpts(Path(name))} excerpt(s) rendered")

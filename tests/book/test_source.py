@@ -89,19 +89,20 @@ def shown_excerpts(nb: dict) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_the_code_a_page_shows_is_the_code_the_library_has_now(path):
     """A committed excerpt equals what ``show`` renders from today's source: change a shown
-    function and this fails until the chapter is re-executed."""
+    function and this fails until the chapter is re-executed (or its excerpts refreshed with
+    ``python -m minillm.book.source``)."""
     nb = nbfiles.read_notebook(path)
-    excerpts = shown_excerpts(nb)
-    if not excerpts:
-        return
-    imports = "\n".join(
-        line
-        for cell in nb["cells"]
-        if cell["cell_type"] == "code"
-        for line in nbfiles.cell_source(cell).splitlines()
-        if line.startswith(("from minillm", "import minillm"))
-    )
-    namespace: dict = {}
-    exec(imports, namespace)
-    for source_, committed in excerpts:
-        assert eval(source_, namespace)._repr_markdown_() == committed, source_
+    committed = dict(shown_excerpts(nb))
+    for cell, excerpt in source.render_excerpts(nb):
+        cell_source = nbfiles.cell_source(cell)
+        assert committed.get(cell_source) == excerpt._repr_markdown_(), cell_source
+
+
+def test_refreshing_writes_the_output_jupyter_would(tmp_path):
+    chapter = ROOT / "chapters" / "11_compilers.ipynb"
+    copy = tmp_path / chapter.name
+    copy.write_text(chapter.read_text())
+    assert source.refresh_excerpts(copy) == 2
+    fresh, committed = nbfiles.read_notebook(copy), nbfiles.read_notebook(chapter)
+    shown = [c for c in fresh["cells"] if c in source.excerpt_cells(fresh)]
+    assert [c["outputs"] for c in shown] == [c["outputs"] for c in source.excerpt_cells(committed)]
