@@ -143,16 +143,29 @@ def show(obj, start: str | None = None, stop: str | None = None, width: int = PA
 
 
 def _library_imports(nb: dict) -> str:
-    """The notebook's ``from minillm ...`` and ``import minillm`` lines, in order."""
-    from .nbfiles import cell_source
+    """The notebook's ``from minillm ...`` and ``import minillm`` statements, in order."""
+    import ast
 
-    return "\n".join(
-        line
-        for cell in nb["cells"]
-        if cell["cell_type"] == "code"
-        for line in cell_source(cell).splitlines()
-        if line.startswith(("from minillm", "import minillm"))
-    )
+    from .nbfiles import python_source
+
+    found = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            tree = ast.parse(python_source(cell))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            if any(m.split(".")[0] == "minillm" for m in modules):
+                found.append(ast.unparse(node))
+    return "\n".join(found)
 
 
 def excerpt_cells(nb: dict) -> list[dict]:
