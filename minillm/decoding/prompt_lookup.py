@@ -37,7 +37,8 @@ class PromptLookupDrafter:
 
 
 def lookup_continuation(tokens: Sequence[int], k: int, max_ngram: int, min_ngram: int = 1) -> list[int]:
-    """Up to k tokens that followed the latest earlier match of the last n tokens (longest n first)."""
+    """Up to k tokens that followed the latest earlier match of the last n tokens
+    (longest n first)."""
     t = torch.as_tensor(tokens)
     for n in range(min(max_ngram, len(t) - 1), min_ngram - 1, -1):
         windows = t[:-1].unfold(0, n, 1)  # (L-n, n): every n-gram that has a token after it
