@@ -67,7 +67,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Ten
 
 
 def prefill(model: Transformer, ids: Tensor, positions: Tensor | None, cache: Cache) -> Tensor:
-    """Run the prompt through the model, filling the cache; return the last logits (B, V)."""
+    """Run the prompt through the model, filling the cache: the last logits (B, V)."""
     return model(ids, positions, cache, last_only=True)[:, -1]
 
 

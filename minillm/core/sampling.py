@@ -48,7 +48,7 @@ class SamplingParams:
 
 
 def apply_top_k(logits: Tensor, k: int) -> Tensor:
-    """Set every logit below the k-th largest of its row to -inf. (..., V) -> (..., V)"""
+    """Logits below the k-th largest of their row set to -inf; (..., V) -> (..., V)."""
     if k >= logits.shape[-1]:
         return logits
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]
@@ -56,7 +56,7 @@ def apply_top_k(logits: Tensor, k: int) -> Tensor:
 
 
 def apply_top_p(logits: Tensor, p: float) -> Tensor:
-    """Keep the most likely tokens until their total probability reaches p; the rest -> -inf.
+    """Keep the most likely tokens until their probability reaches p; the rest -> -inf.
 
     The most likely token always survives, so the result is never empty.
     """
