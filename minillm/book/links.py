@@ -210,8 +210,9 @@ def placeholder_warning(root: Path = Path(".")) -> str | None:
     repo, _ = repository(root / "_config.yml")
     if repo == PLACEHOLDER:
         return (
-            f"note: the Colab badges and install cells point at {PLACEHOLDER}, which does not exist; "
-            "the publishing workflow (.github/workflows/book.yml) points them at its own repository"
+            f"note: the notebooks name the placeholder {PLACEHOLDER}; this build takes the repository from "
+            "MINILLM_REPOSITORY, GITHUB_REPOSITORY or a GitHub origin remote, and without one leaves the "
+            "Colab badges and source links off the pages (minillm/book/pages.py)"
         )
     return None
 
