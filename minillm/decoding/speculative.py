@@ -56,7 +56,8 @@ GREEDY = SamplingParams()
 
 
 def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
-    """norm(max(0, p - q)) (V,): where the target wants more mass than the draft gave."""
+    """norm(max(0, p - q)) (V,): where the target wants more mass than the draft
+    gave."""
     residual = (p - q).clamp(min=0)
     total = residual.sum()
     return residual / total if total > 0 else p  # p == q exactly: a rejection cannot happen
@@ -73,10 +74,11 @@ def draw(dist: Tensor, generator: torch.Generator | None = None) -> int:
 def accept_draft_tokens(
     p: Tensor, q: Tensor, draft: Tensor, generator: torch.Generator | None = None
 ) -> tuple[int, int]:
-    """Speculative sampling's rule: -> (how many proposals to keep, the token that follows them).
+    """Speculative sampling's rule: -> (how many proposals to keep, the token that
+    follows them).
 
-    p (K+1, V): the target's distributions at the K proposals and after them; q (K, V): the
-    draft's distributions the proposals ``draft`` (K,) were drawn from.
+    p (K+1, V): the target's distributions at the K proposals and after them;
+    q (K, V): the draft's distributions the proposals ``draft`` (K,) were drawn from.
     """
     K = draft.shape[0]
     idx = torch.arange(K, device=p.device)
@@ -133,10 +135,10 @@ class DraftModelDrafter:
 
 
 def greedy_accept(logits: Tensor, draft: Tensor) -> tuple[int, int]:
-    """The rule when both sides are greedy, as one comparison: logits (K+1, V) of the target at the
-    K proposals ``draft`` (K,) and after them -> (proposals kept: the leading ones that equal the
-    target's argmax, the target's argmax after them). ``accept_draft_tokens`` on one-hot p and q
-    gives the same (the tests check it)."""
+    """The rule when both sides are greedy, as one comparison: logits (K+1, V) of the
+    target at the K proposals ``draft`` (K,) and after them -> (proposals kept: the
+    leading ones that equal the target's argmax, the target's argmax after them).
+    ``accept_draft_tokens`` on one-hot p and q gives the same (the tests check it)."""
     best = logits.argmax(-1)  # (K+1,)
     n = int((best[: draft.shape[0]] != draft).cumsum(0).eq(0).sum())
     return n, int(best[n])
