@@ -87,9 +87,10 @@ def latency_percentiles(
 class SLO:
     """A service-level objective: a request is good when every bound holds.
 
-    ``max_itl`` (optional) bounds the longest gap between two tokens of a request: TPOT is an
-    average, so a stall of seconds spread over hundreds of tokens can pass it unseen (a
-    disaggregated decode worker that keeps a prefilled request waiting for room does just that).
+    ``max_itl`` (optional) bounds the longest gap between two tokens of a request: TPOT
+    is an average, so a stall of seconds spread over hundreds of tokens can pass it
+    unseen (a disaggregated decode worker that keeps a prefilled request waiting for
+    room does just that).
     """
 
     ttft: float = 0.2  # seconds

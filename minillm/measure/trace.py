@@ -60,7 +60,7 @@ def queue_wait(r: RequestMetrics, service: Service) -> float:
 
 
 def summary(requests: Sequence[RequestMetrics]) -> list[dict]:
-    """One row per metric (TTFT, TPOT, ITL, e2e) with mean and p50/p90/p95/p99, in milliseconds."""
+    """A row per metric (TTFT, TPOT, ITL, e2e): mean, p50, p90, p95 and p99 in ms."""
     values = {
         "TTFT": [r.ttft for r in requests],
         "TPOT": [r.tpot for r in requests if r.output_tokens > 1],
