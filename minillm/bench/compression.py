@@ -389,7 +389,7 @@ def format_summary(result: dict, batch: int = 1) -> str:
     columns = {
         "technique": "technique",
         "bytes": "bytes vs bf16",
-        "speed": f"decode b{batch} vs bf16",
+        "speed": f"decode at batch {batch} vs bf16",
         "quality": "perplexity",
         "needs": "needs",
     }

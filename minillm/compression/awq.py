@@ -86,8 +86,10 @@ def rtn_int4(weight: Tensor, group_size: int) -> Tensor:
 
 
 def activation_scales(mean_abs: Tensor, alpha: float, kv_groups: tuple[int, int, int] | None = None) -> Tensor:
-    """s = mean|x|^alpha (K,), normalized by sqrt(max * min). ``kv_groups`` (n_kv_heads, heads
-    per kv head, head_dim): the channels of one kv head's query heads share their mean first."""
+    """s = mean|x|^alpha (K,), normalized by sqrt(max * min).
+
+    ``kv_groups`` (n_kv_heads, heads per kv head, head_dim): the channels of one kv
+    head's query heads share their mean first."""
     m = mean_abs.float().clamp(min=1e-4 * mean_abs.max().item() + 1e-12)  # a dead channel is not scaled to 0
     if kv_groups is not None:
         m = m.view(kv_groups).mean(dim=1, keepdim=True).expand(kv_groups).flatten()
@@ -98,8 +100,8 @@ def activation_scales(mean_abs: Tensor, alpha: float, kv_groups: tuple[int, int,
 def search_scale(
     weight: Tensor, stats: HessianAccumulator, group_size: int, grid: int = 20, kv_groups=None
 ) -> tuple[Tensor, float]:
-    """The AWQ scale (K,) of least output error on the calibration inputs, and that error (see
-    ``output_error``); alpha = 0 (s = 1, RTN) is on the grid."""
+    """The AWQ scale (K,) of least output error on the calibration inputs, and that
+    error (see ``output_error``); alpha = 0 (s = 1, RTN) is on the grid."""
     w = weight.detach().float()  # (N, K)
     best_s, best_err = None, float("inf")
     for i in range(grid):

@@ -75,9 +75,10 @@ def teacher_distribution(
 
 
 def token_kl(student_logits: Tensor, teacher_log_probs: Tensor, indices: Tensor | None, temperature: float) -> Tensor:
-    """KL(teacher || student) at ``temperature`` per position: (..., V) logits -> (...,).
+    """KL(teacher || student) at ``temperature`` per position: (..., V) -> (...,).
 
-    With ``indices`` (a top-k teacher), the student's full log-softmax is gathered at them."""
+    With ``indices`` (a top-k teacher), the student's full log-softmax is gathered
+    at them."""
     student_log_probs = F.log_softmax(student_logits.float() / temperature, dim=-1)  # (..., V)
     if indices is not None:
         student_log_probs = student_log_probs.gather(-1, indices)  # (..., k)

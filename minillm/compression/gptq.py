@@ -98,13 +98,15 @@ def gptq_quantize_weight(
     zeros = torch.empty_like(scales)
     for i1 in range(0, k_padded, block):
         i2 = min(i1 + block, k_padded)
-        _quantize_block(w, u, i1, i2, g, codes, scales, zeros)
+        quantize_block(w, u, i1, i2, g, codes, scales, zeros)
     return codes.to(torch.uint8), scales.half(), zeros.to(torch.uint8)
 
 
-def _quantize_block(w: Tensor, u: Tensor, i1: int, i2: int, g: int, codes: Tensor, scales: Tensor, zeros: Tensor):
-    """Columns i1:i2 of w (N, K'), one by one with error feedback inside the block, then the lazy
-    update of the columns after it. Writes codes, scales and zeros; updates w in place."""
+def quantize_block(w: Tensor, u: Tensor, i1: int, i2: int, g: int, codes: Tensor, scales: Tensor, zeros: Tensor):
+    """Columns i1:i2 of w (N, K'), one by one with error feedback inside the block,
+    then the lazy update of the columns after it.
+
+    Writes codes, scales and zeros; updates w in place."""
     w1 = w[:, i1:i2].clone()  # (N, B): the block, updated as its columns are rounded
     u1 = u[i1:i2, i1:i2]  # (B, B)
     err = torch.zeros_like(w1)  # (N, B): each column's scaled rounding error

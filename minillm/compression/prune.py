@@ -80,7 +80,7 @@ def unstructured_mask(score: Tensor, sparsity: float) -> Tensor:
 
 
 def two_four_mask(score: Tensor) -> Tensor:
-    """Keep-mask (N, K) bool: in every group of 4 consecutive inputs the 2 highest scores stay."""
+    """Keep-mask (N, K) bool: of every 4 consecutive inputs the 2 best scores stay."""
     n, k = score.shape
     groups = score.view(n, k // 4, 4)
     best = groups.topk(2, dim=-1).indices  # (N, K/4, 2)
@@ -88,7 +88,7 @@ def two_four_mask(score: Tensor) -> Tensor:
     return keep.view(n, k)
 
 
-def _scores(weight: Tensor, input_norm: Tensor | None) -> Tensor:
+def pruning_scores(weight: Tensor, input_norm: Tensor | None) -> Tensor:
     """Magnitude |W| (N, K), times the input feature norms (K,) for Wanda."""
     score = weight.detach().float().abs()
     return score if input_norm is None else score * input_norm.to(score.device)[None, :]
@@ -134,7 +134,7 @@ def prune(
     norms = _input_norms(model, calibration, targets) if method == "wanda" else {}
     with torch.no_grad():
         for name, linear in targets.items():
-            score = _scores(linear.weight, norms.get(name))  # (N, K)
+            score = pruning_scores(linear.weight, norms.get(name))  # (N, K)
             keep = two_four_mask(score) if pattern == "2:4" else unstructured_mask(score, sparsity)
             linear.weight.masked_fill_(~keep.to(linear.weight.device), 0)
     sparsity = 0.5 if pattern == "2:4" else float(sparsity)

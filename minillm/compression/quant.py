@@ -39,7 +39,8 @@ FP8_MAX = 448.0  # the largest finite float8 e4m3 value
 
 
 def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per output channel: w (N, K) -> q int8 (N, K), scale fp32 (N,), w ~ q * scale."""
+    """Symmetric per output channel: w (N, K) -> q int8 (N, K), scale fp32 (N,);
+    w ~ q * scale."""
     w = w.float()
     scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # (N,)
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
@@ -58,11 +59,12 @@ def padded_groups(w: Tensor, group_size: int) -> Tensor:
 
 
 def int4_group_params(groups: Tensor) -> tuple[Tensor, Tensor]:
-    """Scale and zero point of each group (..., g) -> (...,), (...,): the group's range [min, max],
-    widened to include 0, mapped onto the 16 codes 0..15. The scale is stored in fp16, rounded up
-    so that 15 steps still span the range. The zero point is a whole code, so the codes cover
-    [-zero * scale, (15 - zero) * scale]: the range shifted by less than half a step, and a value
-    at its very end may round with an error of up to one step instead of half."""
+    """Scale and zero point of each group (..., g) -> (...,), (...,): the group's range
+    [min, max], widened to include 0, mapped onto the 16 codes 0..15. The scale is
+    stored in fp16, rounded up so that 15 steps still span the range. The zero point is
+    a whole code, so the codes cover [-zero * scale, (15 - zero) * scale]: the range
+    shifted by less than half a step, and a value at its very end may round with an
+    error of up to one step instead of half."""
     lo = groups.amin(dim=-1).clamp(max=0).float()
     hi = groups.amax(dim=-1).clamp(min=0).float()
     exact = ((hi - lo) / 15).clamp(min=1e-8)
@@ -79,8 +81,8 @@ def int4_codes(w: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
 
 
 def quantize_int4(w: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Round to nearest: w (N, K) -> codes uint8 (N, G * group_size) in 0..15, scales fp16 (N, G),
-    zeros uint8 (N, G); w ~ (codes - zero) * scale, group by group."""
+    """Round to nearest: w (N, K) -> codes uint8 (N, G * group_size) in 0..15, scales
+    fp16 (N, G), zeros uint8 (N, G); w ~ (codes - zero) * scale, group by group."""
     groups = padded_groups(w.float(), group_size)  # (N, G, g)
     scale, zero = int4_group_params(groups)  # (N, G) each
     codes = int4_codes(groups, scale[..., None], zero[..., None])  # (N, G, g)
@@ -98,8 +100,8 @@ def dequantize_int4(
 
 
 def pack_int4(codes: Tensor) -> Tensor:
-    """Two 4-bit codes per byte: (N, 2M) uint8 in 0..15 -> (N, M) uint8, even columns in the low
-    nibble and odd columns in the high one."""
+    """Two 4-bit codes per byte: (N, 2M) uint8 in 0..15 -> (N, M) uint8, even columns in
+    the low nibble and odd columns in the high one."""
     if codes.shape[-1] % 2:
         raise ValueError(f"int4 packing needs an even number of columns, got {codes.shape[-1]}")
     c = codes.to(torch.uint8)

@@ -101,9 +101,9 @@ def finite_or_zero(lse: Tensor) -> Tensor:
 def merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
     """Exact attention over two disjoint key blocks from each block's (out, lse).
 
-    out (B, H, T, hd), lse (B, H, T). lse = log(e^lse_a + e^lse_b); out = e^(lse_a - lse) out_a +
-    e^(lse_b - lse) out_b (Dao, 2023; Liu et al., 2023). -inf on either side (or both) is safe.
-    """
+    out (B, H, T, hd), lse (B, H, T). lse = log(e^lse_a + e^lse_b);
+    out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b (Dao, 2023; Liu et al., 2023).
+    -inf on either side (or both) is safe."""
     lse = torch.logaddexp(lse_a, lse_b)  # (B, H, T)
     ref = finite_or_zero(lse)
     weight_a = (lse_a - ref).exp()[..., None]  # (B, H, T, 1); 0 where lse_a = -inf

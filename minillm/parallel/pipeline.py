@@ -148,8 +148,12 @@ def micro_batch_rows(batch_size: int, micro_batches: int) -> list[range]:
     return balanced_ranges(batch_size, micro_batches)
 
 
-def _relay(stage: Stage, comm: Comm, x: Tensor, positions, cache, rows: int, T: int, timeline, phase, step, mb):
-    """One micro-batch through this stage: receive (unless first), compute, send (unless last)."""
+def relay_micro_batch(
+    stage: Stage, comm: Comm, x: Tensor, positions, cache, rows: int, T: int, timeline, phase, step, mb
+):
+    """One micro-batch through this stage.
+
+    Receive (unless first), compute, send (unless last)."""
     s, D = stage.stage, stage.config.dim
     if not stage.is_first:
         x = comm.recv((rows, T, D), stage.dtype, s - 1, stage.device)  # (rows, T, D)
@@ -194,7 +198,7 @@ def pipeline_generate(rank: int, world: int, spec: PipelineSpec) -> StageResult:
         T = P if step == 0 else 1
         phase = "prefill" if step == 0 else "decode"
         results = [
-            _relay(stage, comm, xs[i], pos[i], caches[i], len(r), T, timeline, phase, step, i)
+            relay_micro_batch(stage, comm, xs[i], pos[i], caches[i], len(r), T, timeline, phase, step, i)
             for i, r in enumerate(mbs)
         ]
         if stage.is_last:

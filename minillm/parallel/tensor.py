@@ -94,9 +94,9 @@ def kv_heads(config: ModelConfig, tp: int, rank: int) -> range:
 
 
 class RowParallelLinear(nn.Module):
-    """y = all_reduce(x_r @ W_r^T) + b: rank r holds the columns of W that read its slice x_r of
-    the input, so its product is one of the N partial sums of the full output. The bias (whole,
-    on every rank) is added once, after the sum."""
+    """y = all_reduce(x_r @ W_r^T) + b: rank r holds the columns of W that read its
+    slice x_r of the input, so its product is one of the N partial sums of the full
+    output. The bias (whole, on every rank) is added once, after the sum."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, comm: Comm):
         super().__init__()

@@ -60,8 +60,8 @@ def recipe_of(rung: Rung) -> str:
 
 
 def rung_models(base: Transformer, rungs: tuple[Rung, ...], dtype: torch.dtype) -> dict[str, Transformer]:
-    """The model of each rung: ``base`` itself for 16/32-bit weights, else one quantized copy per
-    scheme (shared by the rungs that store it so), computing in ``dtype``."""
+    """The model of each rung: ``base`` itself for 16/32-bit weights, else one quantized
+    copy per scheme (shared by the rungs that store it so), computing in ``dtype``."""
     stored: dict[tuple, Transformer] = {(None, None): base}
     for rung in rungs:
         if rung.weights not in stored:
@@ -70,7 +70,7 @@ def rung_models(base: Transformer, rungs: tuple[Rung, ...], dtype: torch.dtype) 
 
 
 def generate_as(model: Transformer, rung: Rung, ids, new_tokens: int):
-    """Greedy generation the way ``rung`` generates (recomputing, cached, or compiled)."""
+    """Greedy generation as ``rung`` generates (recomputing, cached, or compiled)."""
     return generate(model, ids, new_tokens, eos_token_id=None, use_cache=rung.cache, compile=rung.compiled)
 
 

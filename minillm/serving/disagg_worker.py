@@ -165,7 +165,7 @@ class Worker:
     # -- prefill side --------------------------------------------------------------------------
 
     def send_handoffs(self) -> None:
-        """Post each new handoff's K/V to its decode worker, then tell that worker it is there."""
+        """Post each new handoff's K/V to its decode worker, then tell that worker."""
         for h in self.engine.take_handoffs():
             rid = h.request.id
             dst = self.decoder_of.pop(rid)
@@ -182,7 +182,8 @@ class Worker:
     # -- decode side ---------------------------------------------------------------------------
 
     def take_handoffs(self) -> None:
-        """Receive and take in the waiting handoffs that fit, in arrival order (a full pool waits)."""
+        """Receive and take in the waiting handoffs that fit, in arrival order
+        (a full pool waits)."""
         e = self.engine
         while self.waiting and e.can_admit(self.waiting[0][0]):
             h, src = self.waiting.popleft()

@@ -162,8 +162,8 @@ class DecodeEngine(Engine):
         pool = self.pool
         L, _, bs, H, D = pool.k.shape
         T = kv.shape[2]
-        if kv.shape != (2, L, T, H, D):
-            raise ValueError(f"handoff K/V of shape {tuple(kv.shape)} does not fit this pool ({L} layers, {H} x {D})")
+        if kv.shape != (2, L, T, H, D):  # (K and V, layers, tokens, K/V heads, head dim)
+            raise ValueError(f"handoff K/V {tuple(kv.shape)} does not fit this pool's {(2, L, T, H, D)}")
         slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(T)], device=pool.k.device)
         pool.k.view(L, -1, H, D)[:, slots] = kv[0].to(pool.k.device, pool.k.dtype)
         pool.v.view(L, -1, H, D)[:, slots] = kv[1].to(pool.v.device, pool.v.dtype)
