@@ -45,10 +45,12 @@ def blocks_for(n_tokens: int, block_size: int) -> int:
 
 
 def block_hash(parent: int | None, tokens: Sequence[int]) -> int:
-    """The prefix-cache key of a full block: its tokens and, through ``parent``, every token before.
+    """The prefix-cache key of a full block: its tokens and, through ``parent``, every
+    token before.
 
-    Python's hash of a tuple of ints is deterministic and 64-bit; a collision would silently
-    share a wrong block, which at 2^-64 per pair we accept, as vLLM does by default.
+    Python's hash of a tuple of ints is deterministic and 64-bit; a collision would
+    silently share a wrong block, which at 2^-64 per pair we accept, as vLLM does by
+    default.
     """
     return hash((parent, *tokens))
 
@@ -77,7 +79,8 @@ class BlockAllocator:
         return self.num_blocks - self.num_available
 
     def allocate(self) -> int:
-        """A block with reference count 1: a free one, else the least recently used cached one."""
+        """A block with reference count 1: a free one, else the least recently used cached
+        one."""
         if self.free:
             block = self.free.popleft()
         elif self.cached:
@@ -138,7 +141,8 @@ class BlockManager:
         return self.tables.setdefault(seq_id, [])
 
     def match_prefix(self, seq_id: int, tokens: Sequence[int]) -> int:
-        """Start a sequence's table with every cached full block of ``tokens``; return the tokens covered."""
+        """Start a sequence's table with every cached full block of ``tokens``; return the
+        tokens covered."""
         table, hashes = self.table(seq_id), self.hashes.setdefault(seq_id, [])
         if table:
             raise ValueError(f"sequence {seq_id} already has blocks; match its prefix before it grows")
@@ -166,7 +170,8 @@ class BlockManager:
         return self.blocks_to_write(seq_id, start, end) <= self.allocator.num_available
 
     def prepare_write(self, seq_id: int, start: int, end: int) -> None:
-        """Make slots [start, end) writable: copy shared blocks (copy-on-write), then grow the table."""
+        """Make slots [start, end) writable: copy shared blocks (copy-on-write), then
+        grow the table."""
         table, bs = self.table(seq_id), self.block_size
         for i in range(start // bs, min(blocks_for(end, bs), len(table))):
             if self.allocator.ref_counts[table[i]] > 1:
@@ -260,18 +265,21 @@ def context_positions(context_lens: Tensor, width: int) -> Tensor:
 
 
 def gather_kv(pool: Tensor, block_tables: Tensor) -> Tensor:
-    """Read K or V through the block tables, a whole block at a time (a few large copies rather
-    than one per token): pool (num_blocks, bs, Hkv, hd), tables (B, M) -> (B, Hkv, M * bs, hd)."""
+    """Read K or V through the block tables, a whole block at a time (a few large copies
+    rather than one per token):
+    pool (num_blocks, bs, Hkv, hd), tables (B, M) -> (B, Hkv, M * bs, hd)."""
     return pool[block_tables].flatten(1, 2).transpose(1, 2)
 
 
 def paged_attention_decode(
     q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, context_lens: Tensor
 ) -> Tensor:
-    """One query token per sequence attending to its cached keys, read through its block table.
+    """One query token per sequence attending to its cached keys, read through its block
+    table.
 
-    q (B, H, hd); k_pool, v_pool (num_blocks, block_size, Hkv, hd); block_tables (B, M) int;
-    context_lens (B,) -> (B, H, hd). The PyTorch reference a fused decode kernel must match.
+    q (B, H, hd); k_pool, v_pool (num_blocks, block_size, Hkv, hd); block_tables (B, M)
+    int; context_lens (B,) -> (B, H, hd). The PyTorch reference a fused decode kernel
+    must match.
     """
     k, v = gather_kv(k_pool, block_tables), gather_kv(v_pool, block_tables)  # (B, Hkv, M * bs, hd)
     k_pos = context_positions(context_lens, k.shape[2])  # (B, M * bs)
@@ -348,8 +356,9 @@ def kv_waste(lengths: Sequence[int], block_size: int | None, max_len: int | None
 
 
 def token_slot(table: Sequence[int], position: int, block_size: int) -> int:
-    """The flat pool slot of the token at ``position``: block table[position // block_size], offset
-    position % block_size inside it (``slot_mapping`` does the same for a whole batch)."""
+    """The flat pool slot of the token at ``position``: block
+    table[position // block_size], offset position % block_size inside it
+    (``slot_mapping`` does the same for a whole batch)."""
     if not 0 <= position < len(table) * block_size:
         raise IndexError(f"position {position} is outside the {len(table)} blocks of this table")
     return table[position // block_size] * block_size + position % block_size
