@@ -63,7 +63,8 @@ class LookaheadConfig:
 
 
 class NGramPool:
-    """n-grams keyed by their first token; each key keeps its ``capacity`` most recent continuations."""
+    """n-grams keyed by their first token; each key keeps its ``capacity`` most recent
+    continuations."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -135,7 +136,8 @@ class LookaheadDecoder:
         return self.layouts[n_candidates]
 
     def step(self, root: int) -> tuple[list[int], int, int]:
-        """One forward after ``root`` -> (accepted candidate tokens, the next token, tokens proposed)."""
+        """One forward after ``root`` -> (accepted candidate tokens, the next token, tokens
+        proposed)."""
         candidates = self.pool.candidates(root)
         missing = self.config.max_candidates - len(candidates) if self.pad else 0
         fed = candidates + [(root,) * self.config.levels] * missing  # the padding is never verified
@@ -154,8 +156,9 @@ class LookaheadDecoder:
         return accepted, int(best[last]), len(candidates[c_best]) if candidates else 0
 
     def verify(self, candidates: list[tuple[int, ...]], best: Tensor) -> tuple[int, int]:
-        """(tokens accepted, which candidate): the longest prefix that matches the argmaxes, every
-        candidate at once (``verify_reference`` is the same, one candidate at a time)."""
+        """(tokens accepted, which candidate): the longest prefix that matches the argmaxes,
+        every candidate at once (``verify_reference`` is the same, one candidate at a
+        time)."""
         if not candidates:
             return 0, 0
         L, base, G = self.config.levels, 1 + self.config.levels * self.config.window, len(candidates)
@@ -187,8 +190,9 @@ class LookaheadDecoder:
 
 
 def window_update(window: Tensor, top: Tensor) -> tuple[list[tuple[int, ...]], Tensor]:
-    """One Jacobi step of the window (N-1, W), given the argmaxes ``top`` (W,) at its newest level:
-    -> the W n-grams (column i, top to bottom, then top[i]) and the new window (oldest level dropped)."""
+    """One Jacobi step of the window (N-1, W), given the argmaxes ``top`` (W,) at its
+    newest level: -> the W n-grams (column i, top to bottom, then top[i]) and the new
+    window (oldest level dropped)."""
     ngrams = [tuple(window[:, i].tolist()) + (int(top[i]),) for i in range(window.shape[1])]
     return ngrams, torch.cat([window[1:], top[None].to(window.dtype)])
 
@@ -269,10 +273,12 @@ def lookahead_generate(
 
 @torch.inference_mode()
 def jacobi_step(model: Transformer, prompt: list[int], guess: list[int]) -> list[int]:
-    """One Jacobi iteration: every position of the guess updated at once, in one forward.
+    """One Jacobi iteration: every position of the guess updated at once, in one
+    forward.
 
-    Token i of the new guess is the model's argmax after the prompt and the *old* guess's first
-    i tokens; so if the old guess's first i tokens were right, so is the new guess's token i."""
+    Token i of the new guess is the model's argmax after the prompt and the *old*
+    guess's first i tokens; so if the old guess's first i tokens were right, so is the
+    new guess's token i."""
     ids = torch.tensor([prompt + guess[:-1]], device=model.device)
     return model(ids)[0, len(prompt) - 1 :].argmax(-1).tolist()
 

@@ -148,7 +148,8 @@ class MedusaTree:
         return mask
 
     def tokens(self, root: int, head_logits: Tensor) -> Tensor:
-        """The candidate tokens (N,): the root, then each node from its head's top-k; head_logits (K, V)."""
+        """The candidate tokens (N,): the root, then each node from its head's top-k;
+        head_logits (K, V)."""
         top = [head_logits[d].topk(k).indices.tolist() for d, k in enumerate(self.top_k)]
         return torch.tensor([root] + [top[len(p) - 1][p[-1]] for p in self.paths[1:]])
 
@@ -182,7 +183,8 @@ def typical_accepts(
 
 
 def longest_accepted_path(accepts: Tensor, tree: MedusaTree) -> list[int]:
-    """The deepest node whose whole path is accepted -> its path [0, ..., node] of node indices."""
+    """The deepest node whose whole path is accepted -> its path [0, ..., node] of node
+    indices."""
     alive = accepts.clone()
     for i in range(1, len(tree)):  # parents come before children
         alive[i] &= alive[tree.parents[i]]
