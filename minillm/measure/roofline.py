@@ -77,8 +77,9 @@ def matmul_cost(name: str, m: int, k: int, n: int, bytes_per_element: float) -> 
 def layer_costs(
     config: ModelConfig, batch: int, new_tokens: int, context: int, bytes_per_element: float = 2
 ) -> list[OpCost]:
-    """FLOPs and bytes of one transformer layer's matmuls for ``new_tokens`` per sequence attending
-    to ``context`` keys: prefill is new_tokens = context = prompt length; decode is new_tokens = 1."""
+    """FLOPs and bytes of one transformer layer's matmuls for ``new_tokens`` per
+    sequence attending to ``context`` keys: prefill is new_tokens = context = prompt
+    length; decode is new_tokens = 1."""
     c, m = config, batch * new_tokens
     d, hd, kv = c.dim, c.head_dim, c.n_kv_heads * c.head_dim
     attn_flops = 2.0 * 2 * batch * c.n_heads * new_tokens * context * hd  # QK^T and PV
