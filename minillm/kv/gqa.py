@@ -33,18 +33,23 @@ def to_gqa(model: Transformer, n_kv_heads: int) -> Transformer:
     check_kv_heads(n_kv_heads, cfg)
     new = Transformer(cfg.replace(n_kv_heads=n_kv_heads)).to(device=model.device, dtype=model.dtype)
     state = model.state_dict()
-    H, Hkv, hd, g = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.n_kv_heads // n_kv_heads
+    H, Hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     for i in range(cfg.n_layers):
         for kind in ("weight", "bias"):
             key = f"layers.{i}.self_attn.qkv_proj.{kind}"
             if key not in state:
                 continue
-            w = state[key]
-            q, k, v = w.split([H * hd, Hkv * hd, Hkv * hd])
-            pool = lambda t: t.view(n_kv_heads, g, hd, *t.shape[1:]).mean(dim=1).flatten(0, 1)  # noqa: E731
-            state[key] = torch.cat([q, pool(k), pool(v)])
+            q, k, v = state[key].split([H * hd, Hkv * hd, Hkv * hd])
+            state[key] = torch.cat([q, mean_pool_heads(k, n_kv_heads, hd), mean_pool_heads(v, n_kv_heads, hd)])
     new.load_state_dict(state)
     return new.eval()
+
+
+def mean_pool_heads(w: torch.Tensor, n_groups: int, head_dim: int) -> torch.Tensor:
+    """The rows of K or V heads, (heads * head_dim, ...), averaged over each group of
+    adjacent heads: (n_groups * head_dim, ...)."""
+    # (n_groups, heads per group, head_dim, ...) -> the mean over each group's heads
+    return w.view(n_groups, -1, head_dim, *w.shape[1:]).mean(dim=1).flatten(0, 1)
 
 
 def check_kv_heads(n_kv_heads: int, config) -> None:
