@@ -129,7 +129,8 @@ class Scheduler:
         return self.waiting[0].request.arrival + self.config.timeout
 
     def schedule(self, now: float, more_coming: bool) -> list[Work]:
-        """The next step's work. ``more_coming``: requests are still due to arrive (static batching waits)."""
+        """The next step's work. ``more_coming``: requests are still due to arrive (static
+        batching waits)."""
         if self.config.policy == "continuous":
             work = self._continue_running()
             return work + self._admit_continuous(self._budget_left(work))
@@ -142,7 +143,8 @@ class Scheduler:
         return float("inf") if budget is None else budget - sum(w.n for w in work)
 
     def _continue_running(self) -> list[Work]:
-        """Work for the running sequences, oldest first, preempting the newest when blocks run out."""
+        """Work for the running sequences, oldest first, preempting the newest when blocks
+        run out."""
         work: list[Work] = []
         budget = self._budget_left([])
         for seq in list(self.running):
@@ -155,7 +157,8 @@ class Scheduler:
         return work
 
     def _make_room(self, seq: SequenceState, n: int) -> bool:
-        """Blocks for the next n tokens of seq, preempting newer sequences (then seq itself) if needed."""
+        """Blocks for the next n tokens of seq, preempting newer sequences (then seq itself)
+        if needed."""
         start = seq.num_computed
         while not self.blocks.can_write(seq.id, start, start + n):
             victim = self.running[-1]
@@ -166,7 +169,8 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: SequenceState) -> None:
-        """Recompute preemption: drop the sequence's K/V; it re-enters first in line, outputs kept."""
+        """Recompute preemption: drop the sequence's K/V; it re-enters first in line,
+        outputs kept."""
         self.running.remove(seq)
         self.blocks.free(seq.id)
         seq.num_computed = 0
