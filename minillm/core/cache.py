@@ -143,9 +143,8 @@ class KVCache(SlotBuffers):
         self._check_batch(positions)
         T = positions.shape[1]
         if self.length + T > self.max_len:
-            raise CacheFullError(
-                f"KV cache full: {self.length} of {self.max_len} slots used, cannot write {T} more tokens"
-            )
+            used = f"{self.length} of {self.max_len} slots used"
+            raise CacheFullError(f"KV cache full: {used}, cannot write {T} more tokens")
         self._start = self.length
         self.length += T
         self.positions[:, self._start : self.length] = positions

@@ -165,9 +165,10 @@ class ModelConfig:
         return tuple(self.eos_token_id)
 
     def kv_bytes(self, tokens: int, bytes_per_element: float = 2) -> float:
-        """K and V of ``tokens`` tokens across every layer: 2 x n_layers x n_kv_heads x head_dim x
-        tokens x bytes per element. The one KV-bytes formula: the cache sizes of kv.memory, the
-        handoffs of serving, the links of measure and the ranks of parallel all call it."""
+        """K and V of ``tokens`` tokens across every layer: 2 x n_layers x n_kv_heads x
+        head_dim x tokens x bytes per element. The one KV-bytes formula: the cache sizes
+        of kv.memory, the handoffs of serving, the links of measure and the ranks of
+        parallel all call it."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * tokens * bytes_per_element
 
     def replace(self, **changes) -> ModelConfig:

@@ -36,7 +36,8 @@ def kv_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "fp16") -
 
 
 def kv_cache_bytes(config: ModelConfig, seq_len: int, batch: int = 1, dtype: str | torch.dtype = "fp16") -> float:
-    """The KV cache of ``batch`` sequences of ``seq_len`` tokens (a sliding window caps the tokens kept)."""
+    """The KV cache of ``batch`` sequences of ``seq_len`` tokens (a sliding window
+    caps the tokens kept)."""
     if seq_len < 0 or batch < 0:
         raise ValueError(f"seq_len and batch must be non-negative, got {seq_len} and {batch}")
     kept = min(seq_len, config.sliding_window) if config.sliding_window else seq_len
