@@ -51,12 +51,12 @@ def ladder_table_rows(result: dict) -> list[dict]:
 
 LADDER_COLUMNS = {
     "step": "step",
-    "tok_s": "tok/s b1",
-    "x": "vs base",
-    "step_x": "vs prev",
+    "tok_s": "tok/s at batch 1",
+    "x": "vs baseline",
+    "step_x": "vs row above",
     "weights": "weights MB",
     "kv": "KV MB",
-    "ppl": "ppl change",
+    "ppl": "perplexity change",
     "agree": "greedy agreement",
     "same": "same outputs",
     "lossless": "lossless",
@@ -112,8 +112,8 @@ def format_live_vs_saved(live: list[dict], saved: dict | None) -> str:
         }
         for r in live
     ]
-    columns = {"step": "step", "tok_s": "tok/s here", "x": "vs base", "step_x": "vs prev"}
-    columns |= {"saved_x": "saved: vs base", "saved_step_x": "vs prev", "same": "tokens = row above"}
+    columns = {"step": "step", "tok_s": "tok/s here", "x": "vs baseline", "step_x": "vs row above"}
+    columns |= {"saved_x": "saved: vs baseline", "saved_step_x": "vs row above", "same": "tokens = row above"}
     where = f"; saved: {saved['hardware']}, {saved['date']}" if saved else ""
     shape = live[0]["ran_on"].split(",")[0]
     return format_table(rows, columns, title=f"Live, {shape} (quantized rungs in bf16), batch 1{where}")
@@ -136,8 +136,8 @@ def format_decoding_rows(result: dict) -> str:
         "greedy_tokens_per_s": "greedy tok/s",
         "tokens_per_s": "tok/s",
         "x": "vs greedy",
-        "alpha": "accept",
-        "tpf": "tok/fwd",
+        "alpha": "acceptance",
+        "tpf": "tokens per target forward",
         "same": "same tokens",
     }
     title = f"2. On the trained pair: {result['decoding'][0]['ran_on']}, batch 1"
@@ -223,7 +223,7 @@ def format_gpu_ladder(gpu_check: dict) -> str | None:
     if not rows:
         return None
     shown = [{**r, "x": f"{r['vs_baseline']:.2f}x", "step_x": f"{r['vs_previous']:.2f}x"} for r in rows]
-    columns = {"step": "step", "decode_tokens_per_s": "decode tok/s", "x": "vs base", "step_x": "vs prev"}
+    columns = {"step": "step", "decode_tokens_per_s": "decode tok/s", "x": "vs baseline", "step_x": "vs row above"}
     columns["section"] = "gpu-check section"
     title = f"make gpu-check: random Llama-3-8B, batch 1, bf16, on {gpu_check.get('gpu', '?')}"
     return format_table(shown, columns, title=title)

@@ -316,19 +316,25 @@ def cpu_note(cores: int) -> str:
 # Tables
 
 
+def _whole(rows: Sequence[Mapping], keys: Sequence[str]) -> list[dict]:
+    """Rows with the counts among ``keys`` as integers (a saved run stores them as floats)."""
+    return [{**r, **{k: int(r[k]) for k in keys if isinstance(r.get(k), float) and r[k].is_integer()}} for r in rows]
+
+
 def format_tensor(figures: Mapping) -> str:
     columns = {
         "ranks": "ranks",
         "prefill_ms": "prefill ms",
         "decode_ms": "decode ms/token",
         "tokens_equal": "tokens = 1 process",
-        "calls_per_token": "all-reduces /token",
-        "bytes_per_token": "bytes /token /rank",
+        "calls_per_token": "all-reduces per token",
+        "bytes_per_token": "bytes per token per rank",
         "formula_bytes_per_token": "formula",
         "bytes_equal": "equal",
     }
     title = f"Tensor parallel: {figures['options']['prompt_len']}-token prompt, fp32, medians (measured)"
-    return format_table(figures["tensor_parallel"], columns, title=title)
+    rows = _whole(figures["tensor_parallel"], ("calls_per_token", "bytes_per_token", "formula_bytes_per_token"))
+    return format_table(rows, columns, title=title)
 
 
 def format_pipeline(figures: Mapping) -> str:
@@ -337,13 +343,17 @@ def format_pipeline(figures: Mapping) -> str:
         "prefill_ms": "prefill ms",
         "decode_ms": "decode ms/token",
         "tokens_equal": "tokens = 1 process",
-        "bytes_per_token": "bytes /token (all)",
+        "bytes_per_token": "bytes per token (all ranks)",
         "formula_bytes_per_token": "formula",
         "bytes_equal": "equal",
-        "bubble_measured": "bubble",
-        "bubble_formula": "(p-1)/p",
+        "bubble": "bubble",
+        "formula_bubble": "(p-1)/p",
     }
-    return format_table(figures["pipeline_parallel"], columns, title="Pipeline parallel, one micro-batch (measured)")
+    rows = [
+        {**r, "bubble": f"{r['bubble_measured']:.0%}", "formula_bubble": f"{r['bubble_formula']:.0%}"}
+        for r in _whole(figures["pipeline_parallel"], ("bytes_per_token", "formula_bytes_per_token"))
+    ]
+    return format_table(rows, columns, title="Pipeline parallel, one micro-batch (measured)")
 
 
 def format_gpu_links(rows: Sequence[Mapping]) -> str:
@@ -377,7 +387,7 @@ def format_replicas(rows: Sequence[Mapping]) -> str:
         "replicas": "replicas",
         "requests_per_s": "requests/s",
         "output_tokens_per_s": "tokens/s",
-        "throughput_vs_first": "x first",
+        "throughput_vs_first": "vs 1 replica",
         "tpot_p50_ms": "TPOT p50 ms",
         "ttft_p50_ms": "TTFT p50 ms",
         "tokens_equal": "tokens = 1 engine",

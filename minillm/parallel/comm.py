@@ -73,7 +73,7 @@ class Comm:
         return t if self.wire is None else t.to(self.wire)
 
     def all_reduce(self, t: Tensor) -> Tensor:
-        """The sum over ranks of ``t``, on every rank (returned; ``t`` itself is not changed)."""
+        """The sum over ranks of ``t``, on every rank (returned; ``t`` is not changed)."""
         if self.world_size == 1:
             return t
         self._count("all_reduce", nbytes(t))
