@@ -15,7 +15,7 @@ from torch import Tensor
 from ..decoding.lookahead import LookaheadTrace
 from ..decoding.medusa import MedusaTree
 from ..decoding.speculative import expected_speedup, expected_tokens_per_forward
-from .style import require_keys
+from .style import WIDTH_IN, finish, fit_texts, legend_right, legend_under, require_keys
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 7: speculative decoding
@@ -25,31 +25,32 @@ def plot_speculative_sweep(rows: list[dict], predicted: dict[str, list[float]], 
     """Against K: tokens per target forward (measured, and the i.i.d. model at the measured alpha),
     and the speedup over plain decoding (measured, and each prediction in ``predicted``)."""
     ks = [r["k"] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 6.2), sharex=True)
     ax1.plot(ks, [r["tokens_per_target_forward"] for r in rows], "o-", label="measured")
     ax1.plot(
         ks,
         [expected_tokens_per_forward(r["alpha"], r["k"]) for r in rows],
         "s--",
-        label="(1 - a^(K+1)) / (1 - a), measured a",
+        label="(1 - a^(K+1)) / (1 - a),\nat the measured a",
     )
-    ax1.set(xlabel="K, proposals per round", ylabel="new tokens per target forward")
+    ax1.set(ylabel="new tokens\nper target forward")
+    ax1.set_ylim(bottom=0)
     ax2.plot(ks, [r["speedup"] for r in rows], "o-", color="black", label="measured")
     for (name, values), style in zip(predicted.items(), ["s--", "^:", "v-."]):
         ax2.plot(ks, values, style, label=name)
     ax2.axhline(1, color="gray", lw=1)
-    ax2.set(xlabel="K, proposals per round", ylabel="speedup over plain decoding (x)")
+    ax2.set(xlabel="K, proposals per round", ylabel="speedup over\nplain decoding (x)")
+    ax2.set_ylim(bottom=0)
     for ax in (ax1, ax2):
-        ax.legend(fontsize=8)
+        legend_right(ax, fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_acceptance_vs_temperature(curve: dict[float, float], measured: dict[float, float], title: str = ""):
     """Chance of accepting one proposal against temperature: from the two models' distributions
     on real text (a line), and measured while generating (points)."""
-    fig, ax = plt.subplots()
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.8))
     ax.plot(list(curve), list(curve.values()), "o-", label="sum min(p, q) on corpus text (teacher-forced)")
     ax.plot(list(measured), list(measured.values()), "s", ms=9, label="measured while generating")
     ax.set(
@@ -58,8 +59,8 @@ def plot_acceptance_vs_temperature(curve: dict[float, float], measured: dict[flo
         ylim=(0, 1),
         title=title,
     )
-    ax.legend(fontsize=8)
-    return fig
+    legend_under(fig, ax, ncol=1)
+    return finish(fig)
 
 
 def plot_speedup_map(k: int, points: dict[str, tuple[float, float]], title: str = ""):
@@ -67,7 +68,7 @@ def plot_speedup_map(k: int, points: dict[str, tuple[float, float]], title: str 
     the break-even line dashed, and measured (a, c) pairs as points."""
     alphas, cs = np.linspace(0, 0.99, 100), np.linspace(0.0, 1.0, 101)
     grid = np.array([[expected_speedup(float(a), k, float(c)) for a in alphas] for c in cs])
-    fig, ax = plt.subplots()
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.2))
     filled = ax.contourf(alphas, cs, grid, levels=sorted({0, 0.5, 0.75, 1, 1.5, 2, 3, 4, k + 1}), cmap="RdYlGn")
     ax.contour(alphas, cs, grid, levels=[1], colors="black", linestyles="--")
     fig.colorbar(filled, label="expected speedup (x)")
@@ -83,7 +84,7 @@ def plot_speedup_map(k: int, points: dict[str, tuple[float, float]], title: str 
             fontsize=8,
         )
     ax.set(xlabel="acceptance rate a", ylabel="draft / target cost per forward, c", title=title)
-    return fig
+    return finish(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,19 +94,18 @@ def plot_speedup_map(k: int, points: dict[str, tuple[float, float]], title: str 
 def plot_lookup_by_task(rows: list[dict], title: str = ""):
     """Per prompt: prompt lookup's speedup and tokens per forward against the share of the output
     that could be copied, one colour per task."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 6.0), sharex=True)
     for task in dict.fromkeys(r["task"] for r in rows):
         mine = [r for r in rows if r["task"] == task]
         x = [100 * r["copyable"] for r in mine]
         ax1.plot(x, [r["speedup"] for r in mine], "o", label=task)
         ax2.plot(x, [r["tokens_per_target_forward"] for r in mine], "o", label=task)
     ax1.axhline(1, color="gray", lw=1)
-    ax1.set(xlabel="output tokens a 3-gram lookup could copy (%)", ylabel="speedup over greedy (x)")
+    ax1.set(ylabel="speedup over greedy (x)")
     ax2.set(xlabel="output tokens a 3-gram lookup could copy (%)", ylabel="new tokens per forward")
-    ax1.legend(fontsize=8)
+    legend_under(fig, ax1, ncol=min(4, len(ax1.get_legend_handles_labels()[1])))
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,7 +116,9 @@ def plot_jacobi(guesses: list[list[int]], target: list[int], labels: list[str] |
     """Jacobi iterations as a grid, one row per iteration: green where the guess already has greedy's
     token, a dark edge on the confirmed prefix (every token before it right too)."""
     right = torch.tensor([[g == t for g, t in zip(guess, target)] for guess in guesses])  # (iters, n)
-    fig, ax = plt.subplots(figsize=(0.62 * len(target) + 1.5, 0.3 * len(guesses) + 1.2))
+    fig, ax = plt.subplots(figsize=(min(WIDTH_IN, 0.62 * len(target) + 1.5), 0.3 * len(guesses) + 1.4))
+    cell_pt = 72 * (fig.get_figwidth() - 1.3) / len(target)
+    chars = max(1, min(6, int(cell_pt / 4.5)))  # what of each token's text fits its cell at 7 pt
     ax.imshow(right.numpy(), cmap=ListedColormap(["#f2f2f2", "#8fd18b"]), vmin=0, vmax=1, aspect="auto")
     for it, guess in enumerate(guesses):
         prefix = next((i for i, ok in enumerate(right[it].tolist()) if not ok), len(target))
@@ -124,18 +126,18 @@ def plot_jacobi(guesses: list[list[int]], target: list[int], labels: list[str] |
             ax.add_patch(Rectangle((-0.5, it - 0.5), prefix, 1, fill=False, ec="black", lw=1.5))
         if labels is not None:
             for i, token in enumerate(guess):
-                ax.text(i, it, labels[token][:6], ha="center", va="center", fontsize=6)
-    ax.set(xlabel="position in the block of new tokens", ylabel="Jacobi iteration (0 = initial guess)", title=title)
+                ax.text(i, it, labels[token][:chars], ha="center", va="center", fontsize=7)
+    ax.set(xlabel="position in the block of new tokens", ylabel="Jacobi iteration\n(0 = initial guess)", title=title)
     ax.grid(False)
-    return fig
+    return finish(fig)
 
 
 def plot_lookahead_trace(trace: LookaheadTrace, title: str = ""):
     """Two panels over the steps of one run: tokens accepted from the pool, and the pool's size."""
     steps = range(len(trace.steps))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 5.6), sharex=True)
     ax1.bar(steps, trace.accepted_lengths, color="tab:green", width=1.0)
-    ax1.set(xlabel="step (one forward)", ylabel="pool tokens accepted", title="accepted per step (+1 of its own)")
+    ax1.set(ylabel="pool tokens\naccepted", title="accepted per step (+1 of its own)")
     ax2.plot(steps, [s["pool_size"] for s in trace.steps], color="tab:blue")
     ax2.plot(
         steps,
@@ -145,11 +147,11 @@ def plot_lookahead_trace(trace: LookaheadTrace, title: str = ""):
         ms=3,
         label="n-grams verified that step",
     )
+    ax2.lines[0].set_label("n-grams in the pool")
     ax2.set(xlabel="step (one forward)", ylabel="n-grams", title="n-grams in the pool")
-    ax2.legend()
+    legend_under(fig, ax2, ncol=2)
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def tree_layout(tree: MedusaTree) -> list[tuple[float, float]]:
@@ -175,8 +177,9 @@ def draw_tree(
 ):
     """The candidate tree, root at the left, one column per head; ``labels`` per node (default: its
     path), the ``accepted`` path (node ids) in green."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(2.2 * (tree.depth + 1), 0.32 * len(tree) + 1))
+    own = ax is None
+    if own:
+        _, ax = plt.subplots(figsize=(min(WIDTH_IN, 2.2 * (tree.depth + 1)), 0.32 * len(tree) + 1))
     xy, on_path = tree_layout(tree), set(accepted or [])
     labels = labels or ["root", *("".join(map(str, p)) for p in tree.paths[1:])]
     for i, p in enumerate(tree.parents[1:], start=1):
@@ -209,27 +212,38 @@ def draw_tree(
     for side in ("left", "bottom"):
         ax.spines[side].set_visible(False)
     ax.set_title(title)
+    if own:
+        finish(ax.figure)
     return ax
 
 
 def plot_mask(mask: Tensor, labels: list[str] | None = None, title: str = "", ax=None):
     """A boolean attention mask as a picture: row i is what token i may see (dark = attends)."""
     n = mask.shape[0]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(0.22 * n + 1.5, 0.22 * n + 1.2))
+    own = ax is None
+    if own:
+        width = min(WIDTH_IN, 0.22 * n + 1.5)
+        _, ax = plt.subplots(figsize=(width, width - 0.3))
     ax.imshow(mask.cpu().numpy(), cmap="Greys", vmin=0, vmax=1.3)
     ticks = labels or [str(i) for i in range(n)]
-    ax.set_xticks(range(n), ticks, rotation=90, fontsize=6)
-    ax.set_yticks(range(n), ticks, fontsize=6)
+    cell_pt = 72 * ax.get_position().height * ax.figure.get_figheight() / n
+    every = max(1, int(np.ceil(9 / cell_pt)))  # label every token that has 9 pt of room, at 7 pt
+    shown = range(0, n, every)
+    ax.set_xticks(shown, [ticks[i] for i in shown], rotation=90, fontsize=7)
+    ax.set_yticks(shown, [ticks[i] for i in shown], fontsize=7)
     ax.set(xlabel="key (token attended to)", ylabel="query (token attending)", title=title)
     ax.grid(False)
+    if own:
+        finish(ax.figure)
+    else:
+        fit_texts(ax.figure)
     return ax
 
 
 def plot_break_even(relative_cost: dict[str, dict], methods: dict[str, tuple[float, float]], title: str = ""):
     """Cost of a forward of T tokens relative to T = 1 (one line per device or model), and each
     method at (its mean width, its tokens per target forward): a method above a line gains there."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.2))
     for name, by_t in relative_cost.items():
         ts = sorted(int(t) for t in by_t)
         ax.plot(ts, [by_t[t] if t in by_t else by_t[str(t)] for t in ts], "o-", label=name)
@@ -241,8 +255,8 @@ def plot_break_even(relative_cost: dict[str, dict], methods: dict[str, tuple[flo
         ylabel="cost relative to a 1-token forward\nor tokens per forward",
         title=title,
     )
-    ax.legend(fontsize=7)
-    return fig
+    legend_under(fig, ax, ncol=2, fontsize=8)
+    return finish(fig)
 
 
 def plot_round_split(rows: list[dict], title: str = ""):
@@ -253,7 +267,7 @@ def plot_round_split(rows: list[dict], title: str = ""):
     methods = [r for r in rows if not r["method"].startswith("greedy")]
     if not methods:
         raise ValueError("plot_round_split needs rows of draft-and-verify methods, not greedy alone")
-    fig, ax = plt.subplots(figsize=(8, 0.42 * len(methods) + 2.2))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.42 * len(methods) + 2.4))
     y = np.arange(len(methods))[::-1]
     inside = [r["forward_ms_per_round"] for r in methods]
     outside = [r["other_ms_per_round"] for r in methods]
@@ -266,11 +280,10 @@ def plot_round_split(rows: list[dict], title: str = ""):
     ax.plot([], [], color="k", lw=1.5, label="one plain greedy step (same kind)")
     ax.set_yticks(y, [r["method"] for r in methods], fontsize=8)
     ax.set(
-        xlabel="milliseconds per round (one target forward); at each bar's end, its speedup\n"
-        "over plain greedy decoding of the same kind (eager or compiled)",
+        xlabel="milliseconds per round (one target forward); at each bar's end, its\n"
+        "speedup over plain greedy decoding of the same kind (eager or compiled)",
         title=title,
     )
-    ax.set_xlim(0, 1.15 * max(a + b for a, b in zip(inside, outside)))
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, frameon=False)
-    fig.tight_layout()
-    return fig
+    ax.set_xlim(0, 1.18 * max(a + b for a, b in zip(inside, outside)))
+    legend_under(fig, ax, ncol=2, fontsize=8)
+    return finish(fig)

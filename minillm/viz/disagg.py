@@ -14,12 +14,14 @@ import numpy as np
 from matplotlib.patches import FancyBboxPatch
 
 from ..measure.metrics import percentiles
-from .style import arrow, box, require_keys
+from .style import WIDTH_IN, arrow, box, finish, legend_under, require_keys
 
 PHASE_COLORS = {"prefill": "#fdd0a2", "decode": "#c6dbef", "colocated": "#d9d9d9", "router": "#e5f5e0"}
 MODE_COLORS = {"colocated": "tab:red", "chunked": "tab:orange"}  # disaggregated modes: the next colors
 BEST_COLOR, OTHER_COLOR = "tab:green", "0.65"
 SIMULATED_NOTE = "simulated clock (cost model)"
+WIDTH = 6.6  # the drawings' width in inches (= data units): the column
+CLIENTS_X, ROUTER_RIGHT = 0.35, 1.97  # the clients' centre, where the router's arrows start
 LABEL_BOX = {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5}  # keeps a value readable over a line
 
 
@@ -30,7 +32,7 @@ LABEL_BOX = {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5}  # keeps a v
 def _worker(ax, x: float, y: float, w: float, h: float, name: str, color: str) -> None:
     """A worker: its name on top, inside it a model copy and a paged KV pool."""
     ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.1", fc=color, ec="0.3"))
-    ax.text(x + w / 2, y + h - 0.2, name, ha="center", va="center", fontsize=9, weight="bold")
+    ax.text(x + w / 2, y + h - 0.2, name, ha="center", va="center", fontsize=8.5, weight="bold")
     inner_w, inner_h = w - 0.3, (h - 0.55) / 2
     for i, part in enumerate(("model copy", "paged KV pool")):
         box(ax, x + 0.15, y + 0.1 + (1 - i) * (inner_h + 0.1), inner_w, inner_h, part, "white", fontsize=8)
@@ -45,7 +47,9 @@ def _column(n: int, top: float, bottom: float, gap: float = 0.3) -> list[tuple[f
 
 
 def _canvas(width: float, height: float, title: str):
+    """An axes of ``width`` x ``height`` data units, one unit an inch (at most the column's width)."""
     fig, ax = plt.subplots(figsize=(width, height))
+    fig.subplots_adjust(left=0, right=1, bottom=0, top=0.93)  # the drawing fills the figure: a unit is an inch
     ax.set(xlim=(0, width), ylim=(0, height))
     ax.set_aspect("equal")
     ax.axis("off")
@@ -61,17 +65,17 @@ def _check_workers(**counts: int) -> None:
 
 def _clients_and_router(ax, mid: float) -> None:
     """Clients at the left, the router beside them, the requests' arrow between."""
-    box(ax, 0.1, mid - 0.6, 0.75, 1.2, "clients", "white", fontsize=10)
-    box(ax, 1.55, mid - 0.6, 0.9, 1.2, "router\n(picks the\nworkers)", PHASE_COLORS["router"], fontsize=8)
-    arrow(ax, (0.87, mid), (1.53, mid))
-    ax.text(1.2, mid + 0.08, "requests", ha="center", va="bottom", fontsize=7)
+    box(ax, 0.05, mid - 0.6, 0.6, 1.2, "clients", "white", fontsize=9)
+    box(ax, 1.15, mid - 0.6, 0.8, 1.2, "router\n(picks the\nworkers)", PHASE_COLORS["router"], fontsize=8)
+    arrow(ax, (0.67, mid), (1.13, mid))
+    ax.text(0.9, mid + 0.08, "requests", ha="center", va="bottom", fontsize=7)
 
 
 def _return_path(ax, start_x: float, start_y: float, y: float, end_y: float, label: str) -> None:
     """The tokens' way back: down from ``(start_x, start_y)`` to ``y``, left, up to the clients at ``end_y``."""
-    ax.plot([start_x, start_x, 0.475], [start_y, y, y], color="tab:blue", lw=1.2)
-    arrow(ax, (0.475, y), (0.475, end_y - 0.02), color="tab:blue")
-    ax.text((start_x + 0.475) / 2, y + 0.07, label, ha="center", va="bottom", fontsize=8, color="tab:blue")
+    ax.plot([start_x, start_x, CLIENTS_X], [start_y, y, y], color="tab:blue", lw=1.2)
+    arrow(ax, (CLIENTS_X, y), (CLIENTS_X, end_y - 0.02), color="tab:blue")
+    ax.text((start_x + CLIENTS_X) / 2, y + 0.07, label, ha="center", va="bottom", fontsize=8, color="tab:blue")
 
 
 def draw_disaggregation(prefill_workers: int = 1, decode_workers: int = 1, title: str = ""):
@@ -81,16 +85,16 @@ def draw_disaggregation(prefill_workers: int = 1, decode_workers: int = 1, title
     (``torch.distributed`` send/recv), which decodes the rest and streams the tokens back. Each
     worker holds its own copy of the model and its own paged KV pool (Zhong et al., 2024)."""
     _check_workers(prefill_workers=prefill_workers, decode_workers=decode_workers)
-    fig, ax = _canvas(9.0, 4.5, title)
+    fig, ax = _canvas(WIDTH, 4.5, title)
     top, bottom, mid = 4.35, 1.1, 2.725
     _clients_and_router(ax, mid)
-    px, dx, w = 3.3, 7.15, 1.75
+    px, dx, w = 2.5, 5.15, 1.4
     prefill = _column(prefill_workers, top, bottom)
     decode = _column(decode_workers, top, bottom)
     for i, (y, h) in enumerate(prefill):
         _worker(ax, px, y, w, h, f"prefill worker {i}", PHASE_COLORS["prefill"])
-        arrow(ax, (2.47, mid), (px - 0.03, y + h / 2))
-    ax.text((2.47 + px) / 2, mid - 0.08, "prompts", ha="center", va="top", fontsize=7)
+        arrow(ax, (ROUTER_RIGHT, mid), (px - 0.03, y + h / 2))
+    ax.text((ROUTER_RIGHT + px) / 2, mid - 0.08, "prompts", ha="center", va="top", fontsize=7)
     for j, (y, h) in enumerate(decode):
         _worker(ax, dx, y, w, h, f"decode worker {j}", PHASE_COLORS["decode"])
     for y_p, h_p in prefill:
@@ -98,7 +102,7 @@ def draw_disaggregation(prefill_workers: int = 1, decode_workers: int = 1, title
             arrow(ax, (px + w + 0.03, y_p + h_p / 2), (dx - 0.03, y_d + h_d / 2), color="tab:purple")
     lowest = min(y + h / 2 for y, h in prefill + decode)
     kv_label = "KV blocks (all layers)\n+ first token\n(torch.distributed\nsend/recv)"
-    ax.text((px + w + dx) / 2, lowest - 0.12, kv_label, ha="center", va="top", fontsize=8, color="tab:purple")
+    ax.text((px + w + dx) / 2, lowest - 0.12, kv_label, ha="center", va="top", fontsize=7, color="tab:purple")
     _return_path(ax, dx + w / 2, decode[-1][0], 0.4, mid - 0.6, "tokens streamed back to the clients")
     return fig
 
@@ -108,15 +112,15 @@ def draw_colocated(workers: int = 2, title: str = ""):
     its requests in the same batches (continuous batching), so a long prompt delays the tokens
     of everyone decoding beside it."""
     _check_workers(workers=workers)
-    fig, ax = _canvas(9.0, 4.5, title)
+    fig, ax = _canvas(WIDTH, 4.5, title)
     top, bottom, mid = 4.35, 1.1, 2.725
     _clients_and_router(ax, mid)
-    x, w = 4.3, 2.8
+    x, w = 3.1, 2.9
     column = _column(workers, top, bottom)
     for i, (y, h) in enumerate(column):
         _worker(ax, x, y, w, h, f"worker {i} (prefill + decode)", PHASE_COLORS["colocated"])
-        arrow(ax, (2.47, mid), (x - 0.03, y + h / 2))
-    ax.text((2.47 + x) / 2, mid - 0.08, "whole requests", ha="center", va="top", fontsize=7)
+        arrow(ax, (ROUTER_RIGHT, mid), (x - 0.03, y + h / 2))
+    ax.text((ROUTER_RIGHT + x) / 2, mid - 0.08, "whole requests", ha="center", va="top", fontsize=7)
     _return_path(ax, x + w / 2, column[-1][0], 0.4, mid - 0.6, "all tokens streamed back to the clients")
     return fig
 
@@ -147,8 +151,8 @@ def plot_itl_series(runs: Mapping[str, Sequence[tuple[float, float]]], arrivals:
         if len(points) == 0:
             raise ValueError(f"plot_itl_series: run {name!r} has no token gaps")
     n = len(runs)
-    fig, axes = plt.subplots(1, n, figsize=(min(4.8 * n, 14), 3.6), sharex=True, sharey=True, squeeze=False)
-    for ax, (name, points) in zip(axes[0], runs.items()):
+    fig, axes = plt.subplots(n, 1, figsize=(WIDTH_IN, 1.2 + 2.0 * n), sharex=True, sharey=True, squeeze=False)
+    for ax, (name, points) in zip(axes[:, 0], runs.items()):
         t, gap = np.asarray(points, dtype=float).T
         ax.plot(t, gap, ".", ms=3, alpha=0.6, color="tab:blue", label="a token's gap")
         p99 = percentiles(gap, (99,))["p99"]
@@ -156,13 +160,12 @@ def plot_itl_series(runs: Mapping[str, Sequence[tuple[float, float]]], arrivals:
         for k, a in enumerate(arrivals):
             ax.axvline(a, color="0.4", ls="--", lw=0.9, label="long prompt arrives" if k == 0 else None)
         ax.set_title(f"{name}: p99 gap {p99:.1f} ms", fontsize=10)
-        ax.set_xlabel("time the token came out (s)")
-    axes[0, 0].set_ylabel("gap since the request's\nprevious token (ms)")
+        ax.set_ylabel("gap since the\nprevious token (ms)")
+    axes[-1, 0].set_xlabel("time the token came out (s)")
     axes[0, 0].set_ylim(bottom=0)
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)
+    legend_under(fig, axes[0, 0], ncol=3)  # under the panels: the gaps fill them
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))  # the legend below the panels
-    return fig
+    return finish(fig)
 
 
 def plot_goodput_vs_rate(rows: Sequence[Mapping], title: str = "", measured: bool = True):
@@ -170,7 +173,7 @@ def plot_goodput_vs_rate(rows: Sequence[Mapping], title: str = "", measured: boo
     on the dashed diagonal every request meets it. Right: the share of requests within the SLO.
     Goodput as the measure of a serving system: Zhong et al., 2024."""
     require_keys(rows, ("mode", "rate", "goodput_rps", "slo_met_pct"), "plot_goodput_vs_rate")
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 6.6), sharex=True)
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     colors = mode_colors(modes)
     styles = ["o-", "s--", "^:", "d-."]  # distinct marks and dashes: equal curves stay visible
@@ -182,14 +185,12 @@ def plot_goodput_vs_rate(rows: Sequence[Mapping], title: str = "", measured: boo
         ax2.plot(x, [r["slo_met_pct"] for r in mine], style, color=colors[mode], label=mode, mfc="none")
     top = max(r["rate"] for r in rows)
     ax1.plot([0, top], [0, top], color="gray", ls="--", lw=1, label="all requests within SLO")
-    ax1.set(xlabel="offered load (requests/s)", ylabel="goodput (requests/s within SLO)", xlim=(0, None))
+    ax1.set(ylabel="goodput\n(requests/s within SLO)", xlim=(0, None))
     ax1.set_ylim(0, 1.05 * top)
     ax2.set(xlabel="offered load (requests/s)", ylabel="requests within SLO (%)", ylim=(0, 105), xlim=(0, None))
-    ax1.legend(fontsize=8)
-    ax2.legend(fontsize=8, loc="lower left")
+    legend_under(fig, ax1, ncol=min(4, len(modes) + 1))  # one legend for both panels, under them
     _suptitle(fig, title, measured)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def best_ratio(rows: Sequence[Mapping]) -> Mapping:
@@ -207,7 +208,7 @@ def plot_pd_ratio(rows: Sequence[Mapping], title: str = ""):
         if "workers" not in r and "gpus" not in r:
             raise ValueError(f"plot_pd_ratio: row {i} lacks workers (or gpus)")
     best = best_ratio(rows)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 4))
     x = np.arange(len(rows))
     heights = [r["goodput_per_worker"] for r in rows]
     colors = [BEST_COLOR if r is best else OTHER_COLOR for r in rows]
@@ -227,11 +228,10 @@ def plot_pd_ratio(rows: Sequence[Mapping], title: str = ""):
         )
     ax.set_xticks(x, [r["ratio"] for r in rows])
     ax.set_ylim(0, 1.3 * max(heights) if max(heights) > 0 else 1)  # room for the labels
-    ax.set(xlabel="prefill workers : decode workers", ylabel="goodput per worker (requests/s within SLO)")
+    ax.set(xlabel="prefill workers : decode workers", ylabel="goodput per worker\n(requests/s within SLO)")
     ax.grid(axis="x", visible=False)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_kv_transfer(rows: Sequence[Mapping], title: str = ""):
@@ -246,7 +246,7 @@ def plot_kv_transfer(rows: Sequence[Mapping], title: str = ""):
     links = list(dict.fromkeys(r["link"] for r in rows))
     colors = {link: f"C{i}" for i, link in enumerate(links)}
     height = 0.8 / len(links)
-    fig, ax = plt.subplots(figsize=(9, 1.8 + 0.25 * len(links) * len(models) + 0.3 * len(models)))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 1.8 + 0.25 * len(links) * len(models) + 0.3 * len(models)))
     for g, model in enumerate(models):
         mine = {r["link"]: r for r in rows if r["model"] == model}
         for j, link in enumerate(links):
@@ -268,10 +268,9 @@ def plot_kv_transfer(rows: Sequence[Mapping], title: str = ""):
     ax.set_xlim(min(values) / 3, max(values) * 2.5)  # room for the value labels
     ax.set(xlabel="time to send one prompt's K/V (ms, log)")
     ax.grid(axis="y", visible=False)
-    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=min(3, len(links) + 1), fontsize=8)
+    legend_under(fig, ax, ncol=2)  # under the axes, clear of the bars and their values
     ax.set_title(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))  # the legend below the axes
-    return fig
+    return finish(fig)
 
 
 def _ms(value: float) -> str:

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 
-from .style import arrow, box
+from .style import arrow, box, fit_texts
 
 SYMPTOM_COLOR = "#fde2c8"  # light orange: what is wrong
 MISSING_COLOR = "0.55"  # evidence not measured yet
 EVIDENCE_COLOR = "0.25"
-LEFT_WIDTH, GAP, WIDTH = 3.0, 0.55, 10.0  # in data units = inches at the default size
-SYMPTOM_CHARS, TECHNIQUE_CHARS, EVIDENCE_CHARS = 30, 66, 100  # wrap widths at 9 / 9 / 7.5 pt
+LEFT_WIDTH, GAP, WIDTH = 1.85, 0.4, 6.6  # in data units = inches: the column's width
+SYMPTOM_CHARS, TECHNIQUE_CHARS, EVIDENCE_CHARS = 22, 56, 76  # wrap widths at 8.5 / 8 / 7 pt
 
 
 def _short_chapters(chapters: Sequence[int]) -> str:
@@ -44,11 +44,11 @@ def _title(entries) -> str:
 def _draw_entry(ax, entry, y: float) -> None:
     """One row centred at height ``y``: the symptom's box, an arrow, the techniques and the evidence."""
     symptom = _wrap(entry.symptom, SYMPTOM_CHARS)
-    box(ax, 0.05, y - 0.34, LEFT_WIDTH, 0.68, symptom, SYMPTOM_COLOR, fontsize=9.5)
+    box(ax, 0.05, y - 0.34, LEFT_WIDTH, 0.68, symptom, SYMPTOM_COLOR, fontsize=8.5)
     x = LEFT_WIDTH + GAP + 0.15
     arrow(ax, (LEFT_WIDTH + 0.1, y), (x - 0.05, y))
     techniques = _wrap(f"{entry.techniques}  ({_short_chapters(entry.chapters)})", TECHNIQUE_CHARS)
-    ax.text(x, y + 0.03, techniques, ha="left", va="bottom", fontsize=9, fontweight="bold")
+    ax.text(x, y + 0.03, techniques, ha="left", va="bottom", fontsize=8, fontweight="bold")
     measured = _wrap(entry.evidence, EVIDENCE_CHARS) + (f"\nsaved in {entry.source}" if entry.source else "")
     color, style = (EVIDENCE_COLOR, "normal") if entry.source else (MISSING_COLOR, "italic")
     ax.text(
@@ -57,7 +57,7 @@ def _draw_entry(ax, entry, y: float) -> None:
         measured,
         ha="left",
         va="top",
-        fontsize=7.5,
+        fontsize=7,
         color=color,
         style=style,
     )
@@ -72,17 +72,18 @@ def plot_decision_guide(entries: Sequence, ax=None):
         _, ax = plt.subplots(figsize=(WIDTH, 0.9 * n + 1))
     for i, entry in enumerate(entries):
         _draw_entry(ax, entry, n - i - 0.5)
-    ax.text(0.05 + LEFT_WIDTH / 2, n + 0.05, "symptom (measured)", ha="center", va="bottom", fontsize=9, color="0.3")
+    ax.text(0.05 + LEFT_WIDTH / 2, n + 0.2, "symptom (measured)", ha="center", va="bottom", fontsize=9, color="0.3")
     ax.text(
         LEFT_WIDTH + GAP + 0.15,
-        n + 0.05,
+        n + 0.2,
         "what to try (chapters); the saved figure behind it",
         ha="left",
         va="bottom",
         fontsize=9,
         color="0.3",
     )
-    ax.set(xlim=(0, WIDTH), ylim=(-0.1, n + 0.45))
-    ax.set_title(_title(entries))
+    ax.set(xlim=(0, WIDTH), ylim=(-0.05, n + 0.55))
+    ax.set_title(_title(entries), fontsize=10)
     ax.axis("off")
+    fit_texts(ax.figure)
     return ax.figure

@@ -7,32 +7,32 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..kv.memory import BYTES_PER_ELEMENT, crossover_tokens, format_bytes, kv_bytes_per_token, weight_bytes
+from .style import WIDTH_IN, finish, legend_right
 
 
 def plot_cache_vs_recompute(cached, recomputed, prompt_len: int, title: str = ""):
     """Two panels from two GenerationResults: time of each new token against its position, and
     the running total (quadratic without the cache, linear with it)."""
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 6.2), sharex=True)
     for result, name, color in ((recomputed, "recompute (no cache)", "tab:red"), (cached, "KV cache", "tab:blue")):
         times = np.array([result.ttft] + list(result.token_times)) * 1e3  # ms
         pos = prompt_len + np.arange(len(times))
         ax1.plot(pos[1:], times[1:], ".", ms=2, color=color, label=name)
         ax2.plot(pos, np.cumsum(times) / 1e3, color=color, label=name)
-    ax1.set(xlabel="position of the new token", ylabel="time for that token (ms)", title="per token")
+    ax1.set(ylabel="time for that token (ms)", title="per token")
     ax2.set(xlabel="position of the new token", ylabel="total time so far (s)", title="running total")
-    ax1.legend(markerscale=5)
-    ax2.legend()
+    ax1.legend(markerscale=5, loc="upper left", fontsize=9)
+    ax2.legend(loc="upper left", fontsize=9)
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_kv_vs_weights(configs, dtype: str = "bf16", max_tokens: float = 2e6, title: str = ""):
     """KV-cache bytes against tokens held (batch x context), one line per model, beside its weights;
     the crossover, where the cache outweighs the model, is marked."""
 
-    fig, ax = plt.subplots()
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.0))
     tokens = np.logspace(3, np.log10(max_tokens), 100)
     for i, cfg in enumerate(configs):
         color = f"C{i}"
@@ -50,7 +50,7 @@ def plot_kv_vs_weights(configs, dtype: str = "bf16", max_tokens: float = 2e6, ti
         )
     ax.set(xlabel="tokens held in the cache (batch x context)", ylabel=f"GB ({dtype})", title=title)
     ax.legend(fontsize=8)
-    return fig
+    return finish(fig)
 
 
 def interactive_kv_calculator():
@@ -78,15 +78,15 @@ def interactive_kv_calculator():
 def plot_quality(curves: dict, xlabel: str, baseline: float, title: str = ""):
     """Perplexity against a knob (window, budget, ...), one line per method, the full cache dashed."""
 
-    fig, ax = plt.subplots()
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.8))
     for name, points in curves.items():
         xs, ys = zip(*points)
         ax.plot(xs, ys, "o-", label=name)
     ax.axhline(baseline, color="gray", ls="--", label="full cache")
     ax.set_xscale("log", base=2)
     ax.set(xlabel=xlabel, ylabel="perplexity (lower is better)", title=title)
-    ax.legend()
-    return fig
+    legend_right(ax)
+    return finish(fig)
 
 
 def plot_kv_bench(rows, title: str = ""):
@@ -96,22 +96,22 @@ def plot_kv_bench(rows, title: str = ""):
     last = [r for r in rows if r["context"] == longest]
     base = next(r for r in last if r["technique"].startswith("MHA"))
     names = [r["technique"] for r in last]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 0.35 * len(names) + 1.5), sharey=True)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 2 * (0.3 * len(names) + 0.9) + 0.6), sharey=True)
     ax1.barh(names, [r["kv_bytes"] / base["kv_bytes"] for r in last], color="tab:blue")
     ax2.barh(names, [r["tokens_per_s"] / base["tokens_per_s"] for r in last], color="tab:green")
     ax1.set(xlabel="KV bytes vs MHA (lower is better)")
     ax2.set(xlabel="decode tokens/s vs MHA (higher is better)")
     ax2.axvline(1, color="gray", lw=1)
     ax1.invert_yaxis()
+    ax2.yaxis.set_tick_params(labelleft=True)  # one above the other: each panel names its rows
     fig.suptitle(f"{title}\ncontext {longest} tokens")
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_uptraining(saved: dict, n_heads: int, title: str = ""):
     """Perplexity during uptraining, one line per K/V-head count (from ``python -m minillm train gqa``)."""
 
-    fig, ax = plt.subplots()
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.8))
     for n, curve in saved["curves"].items():
         steps, ppl = zip(*curve)
         kind = "MHA, the control" if int(n) == n_heads else ("MQA" if int(n) == 1 else "GQA")
@@ -119,8 +119,8 @@ def plot_uptraining(saved: dict, n_heads: int, title: str = ""):
     ax.set_yscale("log")
     ax.set(
         xlabel=f"uptraining step (batch {saved['batch_size']} x {saved['seq_len']} tokens)",
-        ylabel="validation perplexity",
+        ylabel="validation perplexity (log)",
         title=title,
     )
-    ax.legend()
-    return fig
+    legend_right(ax)
+    return finish(fig)

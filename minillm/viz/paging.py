@@ -8,6 +8,7 @@ from matplotlib.patches import ConnectionPatch, Rectangle
 
 from ..core.config import ceil_div
 from ..kv.paged import BlockManager
+from .style import WIDTH_IN, finish
 
 
 def plot_block_tables(
@@ -22,14 +23,14 @@ def plot_block_tables(
     seqs = list(lengths)
     width = max(len(manager.table(s)) for s in seqs)
     cols = 8
-    size = (11, 0.9 + 0.75 * max(len(seqs), ceil_div(n, cols)))
-    fig, (left, right) = plt.subplots(1, 2, figsize=size, gridspec_kw={"width_ratios": [width + 2.5, cols]})
+    size = (WIDTH_IN, 1.3 + 0.6 * max(len(seqs), ceil_div(n, cols)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=size, gridspec_kw={"width_ratios": [width + 4.2, cols]})
     fill: dict[int, int] = {}
     colors = {s: f"C{i}" for i, s in enumerate(seqs)}
     owner: dict[int, int] = {}
     for row, s in enumerate(seqs):
         y = len(seqs) - 1 - row
-        left.text(-0.2, y + 0.4, names[s], ha="right", va="center", fontsize=9)
+        left.text(-0.2, y + 0.4, names[s], ha="right", va="center", fontsize=8)
         for j, block in enumerate(manager.table(s)):
             used = min(bs, max(0, lengths[s] - j * bs))
             fill[block] = max(fill.get(block, 0), used)
@@ -50,14 +51,15 @@ def plot_block_tables(
         right.add_patch(Rectangle((c, -r), 0.9, 0.8, facecolor=face, alpha=alpha, **edge))
         label = f"{block}" + (f"\nref {refs[block]}" if shared else "")
         right.text(c + 0.45, -r + 0.4, label, ha="center", va="center", fontsize=7)
-    left.set(xlim=(-3.2, width), ylim=(-0.3, len(seqs)), title="block tables (logical blocks, in order)")
+    left.set(xlim=(-4.2, width), ylim=(-0.3, len(seqs)))
+    left.set_title("block tables\n(logical blocks, in order)", fontsize=10)
     rows = ceil_div(n, cols)
     right.set(
         xlim=(-0.1, cols),
         ylim=(-rows + 0.7, 0.9),
-        title=f"physical pool: {n} blocks of {bs} tokens (shade: how full; outlined: shared)",
     )
+    right.set_title(f"physical pool: {n} blocks of {bs} tokens\n(shade: how full; outlined: shared)", fontsize=10)
     for ax in (left, right):
         ax.axis("off")
     fig.suptitle(title)
-    return fig
+    return finish(fig)

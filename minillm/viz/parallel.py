@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 
 from ..parallel.context import imbalance
 from ..parallel.pipeline import Interval, bubble_fraction, measured_bubble
-from .style import arrow, box, require_keys
+from .style import WIDTH_IN, arrow, box, finish, legend_under, require_keys
 
 RANK_COLORS = ["#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb", "#fcbba1", "#d9d9d9", "#fee391", "#ccebc5"]
 COMM_COLOR = "tab:purple"
@@ -30,7 +30,6 @@ IDEAL_COLOR = "0.5"
 
 def _panel(ax, title: str) -> None:
     ax.set(xlim=(0, 10), ylim=(0, 6))
-    ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(title, fontsize=10, weight="bold")
 
@@ -86,14 +85,13 @@ def _draw_context(ax) -> None:
 
 
 def draw_parallelism_kinds(title: str = "Four ways to run one model on several GPUs"):
-    """Four schematic panels: replicas, tensor parallel, pipeline, context parallel; what each
-    rank holds and, in purple, what travels between ranks."""
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.6))
+    """Four schematic panels, one above the other: replicas, tensor parallel, pipeline, context
+    parallel; what each rank holds and, in purple, what travels between ranks."""
+    fig, axes = plt.subplots(4, 1, figsize=(WIDTH_IN, 8.8))
     for draw, ax in zip((_draw_replicas, _draw_tensor, _draw_pipeline, _draw_context), axes.flat):
         draw(ax)
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +119,7 @@ def plot_pipeline_timeline(
             raise ValueError(f"plot_pipeline_timeline: rank {r} recorded no interval of {phase} step {step}")
         if any(iv.end < iv.start for iv in bars):
             raise ValueError(f"plot_pipeline_timeline: rank {r} has a bar ending before it starts")
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.55 * stages))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 1.4 + 0.55 * stages))
     t0 = min(iv.start for bars in passes for iv in bars)
     scale, unit = _time_unit(max(iv.end for bars in passes for iv in bars) - t0)
     for r, bars in enumerate(passes):
@@ -139,8 +137,7 @@ def plot_pipeline_timeline(
     head = title or f"Pipeline of {stages} stages, {micro_batches} micro-batches, {phase} (bars: micro-batch)"
     line = f"bubble measured {measured:.0%}, formula (p-1)/(m+p-1) = {formula:.0%}"
     ax.set_title("\n".join(part for part in (head, line, hardware) if part), fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def _time_unit(span_s: float) -> tuple[float, str]:
@@ -168,12 +165,13 @@ def plot_ring_steps(world: int, title: str = ""):
     ranks = np.arange(world)[:, None]
     kind = np.where(holds < ranks, 0, np.where(holds == ranks, 1, 2))  # 0 full, 1 diagonal, 2 skipped
     colors = ["#9ecae1", "#fdae6b", "#e0e0e0"]
-    size = min(9.5, 5.0 + 0.8 * world)
-    fig, ax = plt.subplots(figsize=(size, 0.8 + 0.6 * world))
+    fig, ax = plt.subplots(figsize=(min(WIDTH_IN, 3.0 + 0.6 * world), 1.6 + 0.45 * world))
     ax.imshow(kind, cmap=ListedColormap(colors), vmin=-0.5, vmax=2.5, aspect="auto")
     for r in range(world):
         for s in range(world):
-            ax.text(s, r, f"K/V {holds[r, s]}", ha="center", va="center", fontsize=8)
+            ax.text(
+                s, r, f"K/V {holds[r, s]}" if world <= 8 else str(holds[r, s]), ha="center", va="center", fontsize=8
+            )
     ax.set_xticks(range(world), [str(s) for s in range(world)])
     ax.set_yticks(range(world), [f"rank {r}" for r in range(world)])
     ax.set(xlabel="ring step", ylabel="rank (holds queries of its chunk)")
@@ -183,12 +181,11 @@ def plot_ring_steps(world: int, title: str = ""):
         Patch(color=colors[1], label="own block: causal mask"),
         Patch(color=colors[2], label="later block: skipped (causal)"),
     ]
-    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    legend_under(fig, handles=legend, labels=[p.get_label() for p in legend], ncol=1)
     skipped = int((kind == 2).sum())
     head = title or f"Ring attention over {world} ranks: which K/V block each rank holds"
     ax.set_title(f"{head}\n{skipped} of {world * world} block pairs skipped by the causal mask", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +202,7 @@ def plot_causal_work(work_by_layout: Mapping[str, Sequence[int]], unit: str = "q
     if len(lengths) != 1 or 0 in lengths:
         raise ValueError("plot_causal_work: every layout needs the same, non-zero number of ranks")
     ranks = lengths.pop()
-    fig, ax = plt.subplots(figsize=(min(9.0, 3.5 + 0.6 * ranks), 3.8))
+    fig, ax = plt.subplots(figsize=(min(WIDTH_IN, 3.5 + 0.6 * ranks), 3.8))
     x = np.arange(ranks)
     width = 0.8 / len(work_by_layout)
     for k, (layout, work) in enumerate(work_by_layout.items()):
@@ -214,10 +211,9 @@ def plot_causal_work(work_by_layout: Mapping[str, Sequence[int]], unit: str = "q
     ax.set_xticks(x, [f"rank {r}" for r in range(ranks)])
     ax.set(xlabel="rank", ylabel=f"causal attention work ({unit})")
     ax.grid(axis="x", visible=False)
-    ax.legend(fontsize=8)
+    legend_under(fig, ax, ncol=min(2, len(work_by_layout)))
     ax.set_title(title or "Causal attention work per rank", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +226,7 @@ def plot_tp_speedup(rows: Sequence[Mapping], title: str = ""):
     the setup's fewest). Rows as ``parallel.predict.tp_speedup_rows`` makes them."""
     require_keys(rows, ("model", "link", "gpus", "predicted_speedup"), "plot_tp_speedup")
     setups = list(dict.fromkeys((r["model"], r["link"]) for r in rows))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.5))
     for k, (model, link) in enumerate(setups):
         mine = sorted((r for r in rows if (r["model"], r["link"]) == (model, link)), key=lambda r: r["gpus"])
         gpus = [r["gpus"] for r in mine]
@@ -248,10 +244,9 @@ def plot_tp_speedup(rows: Sequence[Mapping], title: str = ""):
     ax.set(xlabel="GPUs (tensor-parallel size)", ylabel="decode speedup\n(tokens/s over the fewest GPUs)")
     ax.set_xticks(sorted({r["gpus"] for r in rows}))
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7, loc="upper left")
+    legend_under(fig, ax, ncol=2, fontsize=8)
     ax.set_title(title or "Tensor-parallel decode speedup, predicted and published", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_comm_bytes(rows: Sequence[Mapping], hardware: str = "", title: str = ""):
@@ -261,7 +256,7 @@ def plot_comm_bytes(rows: Sequence[Mapping], hardware: str = "", title: str = ""
     for i, r in enumerate(rows):
         if not (r["measured"] > 0 and r["formula"] > 0):
             raise ValueError(f"plot_comm_bytes: row {i} needs measured and formula > 0 on a log axis")
-    fig, ax = plt.subplots(figsize=(min(9.0, 3.5 + 1.3 * len(rows)), 4))
+    fig, ax = plt.subplots(figsize=(min(WIDTH_IN, 3.5 + 1.3 * len(rows)), 4))
     x = np.arange(len(rows))
     ax.bar(x - 0.2, [r["measured"] for r in rows], 0.38, color="tab:blue", label="counted by Comm")
     ax.bar(x + 0.2, [r["formula"] for r in rows], 0.38, color="tab:orange", label="formula")
@@ -271,8 +266,7 @@ def plot_comm_bytes(rows: Sequence[Mapping], hardware: str = "", title: str = ""
     ax.set_xticks(x, [r["kind"] for r in rows])
     ax.set(xlabel="communication", ylabel="payload bytes per rank (log)")
     ax.grid(axis="x", visible=False)
-    ax.legend(fontsize=8)
+    legend_under(fig, ax, ncol=2)
     head = title or "Bytes sent: counted against the formula"
     ax.set_title("\n".join(part for part in (head, hardware) if part), fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish(fig)

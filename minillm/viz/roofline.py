@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..measure.roofline import Roofline
+from .style import WIDTH_IN, finish, fit_texts
 
 
 def plot_roofline(
@@ -17,8 +18,9 @@ def plot_roofline(
 ):
     """A log-log roofline: the roof, its ridge, and ``points`` as (label, intensity, achieved FLOP/s);
     a point with achieved None is drawn on the roof (its ceiling)."""
-    if ax is None:
-        _, ax = plt.subplots()
+    own = ax is None
+    if own:
+        _, ax = plt.subplots(figsize=(WIDTH_IN, 4.2))
     x = np.logspace(np.log10(intensity_range[0]), np.log10(intensity_range[1]), 200)
     ax.plot(x, np.minimum(roof.peak_flops, roof.peak_bandwidth * x), "k-", lw=2, label="roof: min(P, W x I)")
     ax.axvline(roof.ridge, color="gray", ls=":", label=f"ridge: {roof.ridge:.3g} FLOP/byte")
@@ -27,4 +29,8 @@ def plot_roofline(
         ax.plot(intensity, y, "o", ms=7, label=label)
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="FLOP/s", title=title)
     ax.legend(fontsize=8, loc="lower right")
+    if own:
+        finish(ax.figure)
+    else:
+        fit_texts(ax.figure)
     return ax

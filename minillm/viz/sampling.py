@@ -9,6 +9,7 @@ import torch
 
 from ..core.config import ceil_div
 from ..core.sampling import SamplingParams, probabilities
+from .style import WIDTH_IN, finish
 
 
 def sampling_grid(logits: torch.Tensor, labels: Sequence[str], settings: Sequence[dict], title: str = ""):
@@ -20,8 +21,8 @@ def sampling_grid(logits: torch.Tensor, labels: Sequence[str], settings: Sequenc
     removed it (greedy: at temperature 1)."""
     cols = min(3, len(settings))
     rows = ceil_div(len(settings), cols)
-    height = 0.75 + 0.2 * len(labels)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.5 * cols, height * rows), sharey=True, squeeze=False)
+    height = 0.8 + 0.17 * len(labels)
+    fig, axes = plt.subplots(rows, cols, figsize=(WIDTH_IN, height * rows + 0.3), sharey=True, squeeze=False)
     y = list(range(len(labels)))
     for ax, kw in zip(axes.flat, settings):
         probs = probabilities(logits.float(), SamplingParams(**kw))
@@ -39,8 +40,7 @@ def sampling_grid(logits: torch.Tensor, labels: Sequence[str], settings: Sequenc
     for ax in axes[-1, :]:
         ax.set_xlabel("probability")
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def describe(kw: dict) -> str:

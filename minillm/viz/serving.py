@@ -14,6 +14,7 @@ from matplotlib.ticker import MaxNLocator
 from ..measure.metrics import SLO, RequestMetrics, percentiles
 from ..measure.trace import Service
 from ..serving.engine import StepCost
+from .style import WIDTH_IN, finish, fit_texts, legend_right, legend_under
 
 POLICY_COLORS = {"static": "tab:red", "dynamic": "tab:orange", "continuous": "tab:blue"}
 
@@ -22,21 +23,35 @@ POLICY_COLORS = {"static": "tab:red", "dynamic": "tab:orange", "continuous": "ta
 # Chapter 2: one request at a time
 
 
+def _axes(ax, height: float = 3.8):
+    """``ax``, or the axes of a new figure of the column's width."""
+    return ax if ax is not None else plt.subplots(figsize=(WIDTH_IN, height))[1]
+
+
+def _done(ax, own: bool):
+    """Lay out a figure this module made; only fit the titles of one a caller made."""
+    if own:
+        finish(ax.figure)
+    else:
+        fit_texts(ax.figure)
+    return ax
+
+
 def plot_latency_histogram(values_ms: Sequence[float], xlabel: str, title: str, ax=None):
-    """A histogram with p50 and p99 marked."""
-    ax = ax or plt.subplots()[1]
+    """A histogram with p50 and p99 marked; the legend to its right, off the bars."""
+    own, ax = ax is None, _axes(ax)
     p = percentiles(values_ms, (50, 99))
     ax.hist(values_ms, bins=min(30, max(5, len(values_ms) // 3)), color="0.7", edgecolor="white")
     for key, style in (("p50", "-"), ("p99", "--")):
         ax.axvline(p[key], color="C3", linestyle=style, label=f"{key} = {p[key]:.1f} ms")
     ax.set(xlabel=xlabel, ylabel="requests", title=title)
-    ax.legend()
-    return ax
+    legend_right(ax)
+    return _done(ax, own)
 
 
 def plot_timeline(requests: Sequence[RequestMetrics], services: Sequence[Service], title: str, ax=None):
     """One row per request: waiting in the queue (light), prefill to the first token (dark), decode."""
-    ax = ax or plt.subplots()[1]
+    own, ax = ax is None, _axes(ax)
     for i, (r, s) in enumerate(zip(requests, services)):
         start = r.token_times[0] - s.token_offsets[0]
         ax.barh(i, 1e3 * (start - r.arrival), left=1e3 * r.arrival, color="0.85", label="queued" if i == 0 else None)
@@ -47,21 +62,21 @@ def plot_timeline(requests: Sequence[RequestMetrics], services: Sequence[Service
     ax.invert_yaxis()
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="time since the first arrival (ms)", ylabel="request (in arrival order)", title=title)
-    ax.legend(loc="upper right")
-    return ax
+    legend_right(ax)
+    return _done(ax, own)
 
 
 def plot_load_sweep(rows: Sequence[dict], slo: SLO, title: str, ax=None):
     """Served requests/s and goodput against the offered request rate."""
-    ax = ax or plt.subplots()[1]
+    own, ax = ax is None, _axes(ax)
     x = [r["offered_rps"] for r in rows]
     ax.plot(x, [r["served_rps"] for r in rows], "o-", label="throughput (requests/s)")
     good = f"goodput (TTFT <= {1e3 * slo.ttft:.0f} ms, TPOT <= {1e3 * slo.tpot:.0f} ms)"
     ax.plot(x, [r["goodput_rps"] for r in rows], "s-", label=good)
     ax.set(xlabel="offered load (requests/s)", ylabel="requests per second", title=title)
     ax.set_ylim(0, 1.35 * max(r["served_rps"] for r in rows))  # room for the legend above the curves
-    ax.legend(loc="upper left")
-    return ax
+    ax.legend(loc="upper left", fontsize=9)
+    return _done(ax, own)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +86,8 @@ def plot_load_sweep(rows: Sequence[dict], slo: SLO, title: str, ax=None):
 def plot_batch_timeline(step_logs: dict, max_batch: int, title: str = ""):
     """Who rides in each batch row at each step: one panel per policy, one color per request,
     padding rows (finished members of a static batch, still computed) hatched gray."""
-    fig, axes = plt.subplots(len(step_logs), 1, figsize=(10, 1.1 + 0.45 * max_batch * len(step_logs)), sharex=True)
+    height = min(8.8, 1.1 + 0.45 * max_batch * len(step_logs))
+    fig, axes = plt.subplots(len(step_logs), 1, figsize=(WIDTH_IN, height), sharex=True)
     axes = np.atleast_1d(axes)
     cmap = plt.get_cmap("tab20")
     for ax, (name, log) in zip(axes, step_logs.items()):
@@ -86,14 +102,13 @@ def plot_batch_timeline(step_logs: dict, max_batch: int, title: str = ""):
         ax.grid(False)
     axes[-1].set_xlabel("time (ms, simulated)")
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_step_costs(records: Sequence, cost: StepCost, title: str = ""):
     """Measured step durations beside the fitted cost: decode-only steps against their rows,
     prefill-only steps against their prompt tokens."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 6.4))
     decode = [r for r in records if r.prefill_tokens == 0]
     prefill = [r for r in records if r.decode_rows == 0]
     ax1.plot([r.decode_rows for r in decode], [1e3 * r.duration for r in decode], ".", alpha=0.4, label="measured step")
@@ -107,22 +122,21 @@ def plot_step_costs(records: Sequence, cost: StepCost, title: str = ""):
     fit = f"fit: {1e3 * cost.fixed:.1f} ms + {1e3 * cost.prefill_rate:.3f} ms/token"
     ax2.plot(t, 1e3 * (cost.fixed + cost.prefill_rate * t), "k-", label=fit)
     ax2.set(xlabel="prompt tokens in the step", ylabel="step time (ms)", title="prefill-only steps")
-    ax1.legend()
-    ax2.legend()
+    legend_right(ax1)
+    legend_right(ax2)
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_rate_sweep(rows: Sequence[dict], slo: SLO, title: str = ""):
     """Four panels against the request rate, one line per policy: throughput, p99 TTFT and p99
     TPOT (with the SLO's bounds) and goodput."""
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
+    fig, axes = plt.subplots(2, 2, figsize=(WIDTH_IN, 6.2), sharex=True)
     panels = [
         ("tokens_per_s", "output tokens/s", None),
         ("ttft_p99_ms", "TTFT p99 (ms)", 1e3 * slo.ttft),
         ("tpot_p99_ms", "TPOT p99 (ms)", 1e3 * slo.tpot),
-        ("goodput_rps", "goodput (requests/s in SLO)", None),
+        ("goodput_rps", "goodput\n(requests/s in SLO)", None),
     ]
     for ax, (key, label, bound) in zip(axes.flat, panels):
         for policy in dict.fromkeys(r["policy"] for r in rows):
@@ -136,17 +150,15 @@ def plot_rate_sweep(rows: Sequence[dict], slo: SLO, title: str = ""):
         ax.set(ylabel=label)
     for ax in axes[1]:
         ax.set_xlabel("offered load (requests/s)")
-    axes[0, 0].legend()
-    axes[0, 1].legend()
+    legend_under(fig, axes[0, 1], ncol=4)  # one legend for the four panels, under them
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_latency_throughput(rows: Sequence[dict], slo: SLO, title: str = ""):
     """The latency-throughput curve: each point one request rate, p99 TTFT and p50 TPOT against
     the throughput achieved; a policy is better where its curve lies lower and further right."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 6.4))
     for policy in dict.fromkeys(r["policy"] for r in rows):
         mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["rate"])
         x = [r["tokens_per_s"] for r in mine]
@@ -156,24 +168,21 @@ def plot_latency_throughput(rows: Sequence[dict], slo: SLO, title: str = ""):
     ax2.axhline(1e3 * slo.tpot, color="gray", ls="--", lw=1, label="SLO (p99 bound)")
     ax1.set(xlabel="throughput (output tokens/s)", ylabel="TTFT p99 (ms)", yscale="log")
     ax2.set(xlabel="throughput (output tokens/s)", ylabel="TPOT p50 (ms)")
-    ax1.legend()
-    ax2.legend()
+    legend_right(ax1)
+    legend_right(ax2)
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def plot_itl(runs: dict, ids: Sequence[int], title: str = ""):
     """Each output token's gap since the previous one (ms) against time, for the requests ``ids``,
-    one panel per run (e.g. with and without chunked prefill)."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), sharey=True)
+    one panel per run (e.g. with and without chunked prefill), one above the other."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(WIDTH_IN, 1.0 + 2.3 * len(runs)), sharey=True)
     for ax, (name, outputs) in zip(np.atleast_1d(axes), runs.items()):
         for o in outputs:
             if o.request.id in set(ids):
                 t = o.metrics.token_times
                 ax.plot(t[1:], [1e3 * g for g in o.metrics.itl], ".-", ms=3, lw=0.6)
-        ax.set(xlabel="time (s, measured)", title=name)
-    np.atleast_1d(axes)[0].set_ylabel("gap before each token (ms)")
+        ax.set(xlabel="time (s, measured)", ylabel="gap before\neach token (ms)", title=name)
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return finish(fig)

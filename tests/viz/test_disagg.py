@@ -76,8 +76,9 @@ def test_itl_series_marks_p99_and_arrivals():
     for ax in (left, right):
         vertical = [ln for ln in ax.lines if len(set(ln.get_xdata())) == 1 and ln.get_linestyle() == "--"]
         assert sorted(ln.get_xdata()[0] for ln in vertical) == [2.0, 6.0]
-        assert "(s)" in ax.get_xlabel()
-    assert "(ms)" in left.get_ylabel() and left.get_shared_y_axes().joined(left, right)
+        assert "(ms)" in ax.get_ylabel()
+    assert "(s)" in right.get_xlabel()  # the panels stand one above the other and share the time axis
+    assert left.get_shared_y_axes().joined(left, right) and left.get_shared_x_axes().joined(left, right)
     assert "long prompt arrives" in [t.get_text() for t in fig.legends[0].get_texts()]
     assert fig.get_suptitle() == "minillm-target, CPU"
     plt.close(fig)
@@ -105,7 +106,7 @@ def test_goodput_vs_rate_lines_per_mode_and_the_diagonal():
     assert list(met.lines[1].get_ydata()) == [100.0, 90.0, 60.0]
     assert good.lines[0].get_color() != good.lines[1].get_color()
     assert fig.get_suptitle() == f"H200, {SIMULATED_NOTE}"
-    assert "requests/s" in good.get_xlabel() and "%" in met.get_ylabel()
+    assert "requests/s" in met.get_xlabel() and "%" in met.get_ylabel()  # one above the other, x shared
     assert plot_goodput_vs_rate(goodput_rows(), title="H200").get_suptitle() == "H200"
     plt.close("all")
     with pytest.raises(ValueError, match="rows is empty"):
