@@ -15,7 +15,7 @@ from torch import Tensor
 from ..decoding.lookahead import LookaheadTrace
 from ..decoding.medusa import MedusaTree
 from ..decoding.speculative import expected_speedup, expected_tokens_per_forward
-from .style import WIDTH_IN, finish, fit_texts, legend_right, legend_under, require_keys
+from .style import WIDTH_IN, finish, legend_right, legend_under, require_keys, tidy
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 7: speculative decoding
@@ -204,7 +204,7 @@ def draw_tree(
             bbox={"boxstyle": "round", "fc": color, "ec": "tab:green" if i in on_path else "0.5"},
         )
     ax.set_xticks(
-        range(tree.depth + 1), ["root\n(last token)"] + [f"head {d} top-{k}" for d, k in enumerate(tree.top_k, 1)]
+        range(tree.depth + 1), ["root\n(last token)"] + [f"head {d}\ntop-{k}" for d, k in enumerate(tree.top_k, 1)]
     )
     ax.set_yticks([])
     ax.set_xlim(-0.6, tree.depth + 0.6)
@@ -236,7 +236,7 @@ def plot_mask(mask: Tensor, labels: list[str] | None = None, title: str = "", ax
     if own:
         finish(ax.figure)
     else:
-        fit_texts(ax.figure)
+        tidy(ax.figure)
     return ax
 
 
@@ -280,8 +280,8 @@ def plot_round_split(rows: list[dict], title: str = ""):
     ax.plot([], [], color="k", lw=1.5, label="one plain greedy step (same kind)")
     ax.set_yticks(y, [r["method"] for r in methods], fontsize=8)
     ax.set(
-        xlabel="milliseconds per round (one target forward); at each bar's end, its\n"
-        "speedup over plain greedy decoding of the same kind (eager or compiled)",
+        xlabel="milliseconds per round (one target forward)\n"
+        "at each bar's end: its speedup over plain greedy of the same kind",
         title=title,
     )
     ax.set_xlim(0, 1.18 * max(a + b for a, b in zip(inside, outside)))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 
-from .style import arrow, box, fit_texts
+from .style import arrow, box, tidy
 
 SYMPTOM_COLOR = "#fde2c8"  # light orange: what is wrong
 MISSING_COLOR = "0.55"  # evidence not measured yet
@@ -85,5 +85,5 @@ def plot_decision_guide(entries: Sequence, ax=None):
     ax.set(xlim=(0, WIDTH), ylim=(-0.05, n + 0.55))
     ax.set_title(_title(entries), fontsize=10)
     ax.axis("off")
-    fit_texts(ax.figure)
+    tidy(ax.figure)
     return ax.figure

@@ -99,8 +99,8 @@ def plot_kv_bench(rows, title: str = ""):
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 2 * (0.3 * len(names) + 0.9) + 0.6), sharey=True)
     ax1.barh(names, [r["kv_bytes"] / base["kv_bytes"] for r in last], color="tab:blue")
     ax2.barh(names, [r["tokens_per_s"] / base["tokens_per_s"] for r in last], color="tab:green")
-    ax1.set(xlabel="KV bytes vs MHA (lower is better)")
-    ax2.set(xlabel="decode tokens/s vs MHA (higher is better)")
+    ax1.set(xlabel="KV bytes vs MHA (x, lower is better)")
+    ax2.set(xlabel="decode tokens/s vs MHA (x, higher is better)")
     ax2.axvline(1, color="gray", lw=1)
     ax1.invert_yaxis()
     ax2.yaxis.set_tick_params(labelleft=True)  # one above the other: each panel names its rows

@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..measure.roofline import Roofline
-from .style import WIDTH_IN, finish, fit_texts
+from .style import WIDTH_IN, finish, tidy
 
 
 def plot_roofline(
@@ -32,5 +32,5 @@ def plot_roofline(
     if own:
         finish(ax.figure)
     else:
-        fit_texts(ax.figure)
+        tidy(ax.figure)
     return ax

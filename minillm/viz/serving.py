@@ -14,7 +14,7 @@ from matplotlib.ticker import MaxNLocator
 from ..measure.metrics import SLO, RequestMetrics, percentiles
 from ..measure.trace import Service
 from ..serving.engine import StepCost
-from .style import WIDTH_IN, finish, fit_texts, legend_right, legend_under
+from .style import WIDTH_IN, finish, legend_right, legend_under, tidy
 
 POLICY_COLORS = {"static": "tab:red", "dynamic": "tab:orange", "continuous": "tab:blue"}
 
@@ -33,7 +33,7 @@ def _done(ax, own: bool):
     if own:
         finish(ax.figure)
     else:
-        fit_texts(ax.figure)
+        tidy(ax.figure)
     return ax
 
 

@@ -80,12 +80,35 @@ def finish(fig, rect=None):
     """Titles and x labels wrapped to fit the figure's width, then ``tight_layout`` above the
     figure's legends (``legend_under``): the figure the book saves is the figure drawn."""
     for _ in range(2):  # the layout moves the axes, and with them the room their titles have
-        fit_texts(fig)
+        tidy(fig)
         renderer = fig.canvas.get_renderer()
         bottom = max((leg.get_window_extent(renderer).height / fig.bbox.height for leg in fig.legends), default=0)
         left, low, right, top = rect or (0, 0, 1, 1)
         fig.tight_layout(rect=(left, max(low, bottom + 0.01 if bottom else 0), right, top))
     return fig
+
+
+def tidy(fig) -> None:
+    """What every figure gets, laid out here or by its caller: zoomed y axes say so, and long
+    titles and x labels wrap to the figure's width."""
+    label_zoomed_axes(fig)
+    fit_texts(fig)
+
+
+def _zoomed(ax) -> bool:
+    """A linear y axis that leaves out zero and spans under ZOOM_SHARE of its largest value."""
+    if not ax.axison or not ax.lines or ax.get_yscale() != "linear":
+        return False
+    low, high = sorted(ax.get_ylim())
+    return (low > 0 and high - low < ZOOM_SHARE * high) or (high < 0 and high - low < ZOOM_SHARE * -low)
+
+
+def label_zoomed_axes(fig) -> None:
+    """Add '(zoomed)' to the y label of each zoomed line plot that does not say so already."""
+    suptitle = fig._suptitle.get_text() if fig._suptitle else ""
+    for ax in fig.axes:
+        if _zoomed(ax) and ZOOM_WORD not in " ".join((ax.get_ylabel(), ax.get_title(), suptitle)):
+            ax.set_ylabel(f"{ax.get_ylabel()} ({ZOOM_WORD})".strip())
 
 
 def fit_texts(fig) -> None:
@@ -236,18 +259,13 @@ def bars_from_zero(fig) -> list[str]:
 
 
 def unmarked_zoom(fig) -> list[str]:
-    """Line plots on a linear y axis that leave out zero and span under ZOOM_SHARE of their top
-    value, with no 'zoomed' in the y label, the title or the figure's title."""
-    found = []
+    """Zoomed line plots (``_zoomed``) with no 'zoomed' in the y label, the title or the figure's title."""
     suptitle = fig._suptitle.get_text() if fig._suptitle else ""
+    found = []
     for ax in fig.axes:
-        if not ax.axison or not ax.lines or ax.get_yscale() != "linear":
-            continue
-        low, high = sorted(ax.get_ylim())
-        if low > 0 and (high - low) < ZOOM_SHARE * high or high < 0 and (high - low) < ZOOM_SHARE * -low:
-            words = " ".join((ax.get_ylabel(), ax.get_title(), suptitle))
-            if ZOOM_WORD not in words:
-                found.append(f"y axis {low:g}-{high:g} of axes {ax.get_title()[:30]!r} is zoomed and does not say so")
+        if _zoomed(ax) and ZOOM_WORD not in " ".join((ax.get_ylabel(), ax.get_title(), suptitle)):
+            low, high = sorted(ax.get_ylim())
+            found.append(f"y axis {low:g}-{high:g} of axes {ax.get_title()[:30]!r} is zoomed and does not say so")
     return found
 
 

@@ -305,6 +305,17 @@ def _decoding():
             guesses, [1, 2, 3, 4, 5, 6, 7, 8], vocab, title=f"Jacobi iterations on a block of 8 tokens\n{title}"
         ),
     )
+    block = [(3 * i) % 10 for i in range(16)]
+    wide_guesses = [[t if i < 4 * it else 9 for i, t in enumerate(block)] for it in range(5)]
+    yield (
+        "plot_jacobi (16 tokens, as chapter 9)",
+        lambda: decoding.plot_jacobi(
+            wide_guesses, block, vocab, title=f"Jacobi iterations on a block of 16 tokens\n{title}"
+        ),
+    )
+    big = torch.tril(torch.ones(44, 44, dtype=torch.bool))
+    names = [f"{kind}{i}" for kind, n in (("w", 20), ("g", 24)) for i in range(n)]
+    yield "plot_mask (a lookahead forward, 44 tokens)", lambda: decoding.plot_mask(big, names, title="one forward")
     yield (
         "plot_lookahead_trace",
         lambda: decoding.plot_lookahead_trace(trace, title=f"Lookahead (W=5, N=4, G=5), {title}"),
@@ -447,6 +458,8 @@ def _parallel():
     yield "draw_parallelism_kinds", parallel.draw_parallelism_kinds
     yield "plot_pipeline_timeline", lambda: parallel.plot_pipeline_timeline(timeline, 4, 6, hardware=HARDWARE)
     yield "plot_ring_steps", lambda: parallel.plot_ring_steps(4)
+    yield "plot_ring_steps (8 ranks)", lambda: parallel.plot_ring_steps(8)
+    yield "plot_ring_steps (16 ranks)", lambda: parallel.plot_ring_steps(16)
     yield "plot_causal_work", lambda: parallel.plot_causal_work({"contiguous": [1, 3, 5, 7], "zigzag": [4, 4, 4, 4]})
     yield "plot_tp_speedup", lambda: parallel.plot_tp_speedup(speedup)
     yield "plot_comm_bytes", lambda: parallel.plot_comm_bytes(comm, hardware=HARDWARE)
@@ -556,6 +569,15 @@ def test_the_checker_fails_a_legend_over_a_histogram_bars_off_zero_and_an_unmark
     ax.plot([4, 8], [48.4, 49.2], "o")
     assert any("is zoomed and does not say so" in p for p in check_figure(fig))
     ax.set_ylabel("perplexity (zoomed)")
+    assert check_figure(fig) == []
+
+
+def test_finish_says_a_zoomed_axis_is_zoomed_and_wraps_a_long_title():
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot([4, 8], [48.4, 49.2], "o-")
+    ax.set(ylabel="perplexity", title="a title far longer than the five inches of this figure hold " * 2)
+    style.finish(fig)
+    assert ax.get_ylabel() == "perplexity (zoomed)" and "\n" in ax.get_title()
     assert check_figure(fig) == []
 
 
