@@ -125,6 +125,8 @@ def show(obj, start: str | None = None, stop: str | None = None, width: int = PA
     """The source of ``obj`` (a function, class or method of minillm), formatted to the page:
     all of it, or from the first line containing ``start`` to the first line after it containing
     ``stop`` (both included)."""
+    if not (inspect.isroutine(obj) or inspect.isclass(obj)) and inspect.isfunction(getattr(obj, "fn", None)):
+        obj = obj.fn  # a Triton kernel (compiled or interpreted) keeps its Python function as .fn
     target = inspect.unwrap(obj.fget if isinstance(obj, property) else obj)
     name = getattr(target, "__qualname__", getattr(target, "__name__", repr(obj)))
     try:
@@ -168,21 +170,35 @@ def _library_imports(nb: dict) -> str:
     return "\n".join(found)
 
 
-def excerpt_cells(nb: dict) -> list[dict]:
-    """The code cells that only show library code: their source is one ``show(...)`` call."""
+def _needs_and_call(cell: dict) -> tuple[list[str], str]:
+    """A cell's ``%%needs`` modules (none without the magic) and the code after it."""
     from .nbfiles import cell_source
 
-    return [c for c in nb["cells"] if c["cell_type"] == "code" and cell_source(c).lstrip().startswith("show(")]
+    lines = cell_source(cell).lstrip().splitlines()
+    if lines and lines[0].startswith("%%needs"):
+        return lines[0].split()[1:], "\n".join(lines[1:]).lstrip()
+    return [], "\n".join(lines)
+
+
+def excerpt_cells(nb: dict) -> list[dict]:
+    """The code cells that only show library code: their source is one ``show(...)`` call,
+    perhaps under a ``%%needs triton`` line."""
+    return [c for c in nb["cells"] if c["cell_type"] == "code" and _needs_and_call(c)[1].startswith("show(")]
 
 
 def render_excerpts(nb: dict) -> list[tuple[dict, Excerpt]]:
-    """(cell, excerpt) for every excerpt cell, rendered from today's source with the names the
-    notebook imports from minillm."""
-    from .nbfiles import cell_source
+    """(cell, excerpt) for every excerpt cell whose modules are installed, rendered from today's
+    source with the names the notebook imports from minillm."""
+    from .notebook import missing_modules
 
     namespace: dict = {}
     exec(_library_imports(nb), namespace)
-    return [(cell, eval(cell_source(cell), namespace)) for cell in excerpt_cells(nb)]
+    rendered = []
+    for cell in excerpt_cells(nb):
+        modules, call = _needs_and_call(cell)
+        if not missing_modules(modules):
+            rendered.append((cell, eval(call, namespace)))
+    return rendered
 
 
 def refresh_excerpts(path: Path) -> int:

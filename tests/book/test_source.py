@@ -2,6 +2,7 @@
 without changing a token of it."""
 
 import ast
+import importlib.util
 import inspect
 import json
 import textwrap
@@ -106,3 +107,20 @@ def test_refreshing_writes_the_output_jupyter_would(tmp_path):
     fresh, committed = nbfiles.read_notebook(copy), nbfiles.read_notebook(chapter)
     shown = [c for c in fresh["cells"] if c in source.excerpt_cells(fresh)]
     assert [c["outputs"] for c in shown] == [c["outputs"] for c in source.excerpt_cells(committed)]
+
+
+def test_a_triton_kernel_is_shown_from_its_python_function():
+    pytest.importorskip("triton")
+    from minillm.kernels.rmsnorm import _rmsnorm_kernel
+
+    excerpt = show(_rmsnorm_kernel)
+    assert excerpt.name == "_rmsnorm_kernel" and excerpt.code.startswith("@triton.jit")
+    assert show(_rmsnorm_kernel.fn) == excerpt
+
+
+def test_excerpts_under_needs_triton_are_rendered_and_checked():
+    chapter = nbfiles.read_notebook(ROOT / "chapters" / "10_flash_attention.ipynb")
+    needing = [c for c in source.excerpt_cells(chapter) if nbfiles.cell_source(c).startswith("%%needs triton")]
+    assert len(needing) >= 4
+    rendered = [cell for cell, _ in source.render_excerpts(chapter)]
+    assert all(any(c is r for r in rendered) for c in needing) == (importlib.util.find_spec("triton") is not None)
