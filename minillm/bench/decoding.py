@@ -271,6 +271,11 @@ def _acceptance(rates: list[float]) -> str:
     return " ".join("-" if a != a else f"{a:.2f}" for a in rates) or "-"
 
 
+def _thousands(n):
+    """A count with thousands separators (614,880); anything else as it is."""
+    return f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else n
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
@@ -286,7 +291,10 @@ def format_decoding(result: dict) -> str:
         "extra_training": "extra training",
         "same_greedy_tokens": "same tokens",
     }
-    rows = [{**r, "acceptance": _acceptance(r["acceptance_rates"])} for r in result["rows"]]
+    rows = [
+        {**r, "acceptance": _acceptance(r["acceptance_rates"]), "extra_params": _thousands(r.get("extra_params"))}
+        for r in result["rows"]
+    ]
     title = (
         f"{result['benchmark']}: {result['target']} (draft {result['draft']}), {result['dtype']}, batch 1, "
         f"{_count(result['n_prompts'], 'prompt')} x {result['new_tokens']} new tokens, median of {result['repeats']}\n"
@@ -309,13 +317,13 @@ def format_rounds(result: dict) -> str:
     bookkeeping), against one plain greedy step; the speedup the forward costs alone predict."""
     columns = {
         "method": "method",
-        "ms_per_round": "ms/round",
-        "forward_ms_per_round": "in forwards",
-        "other_ms_per_round": "outside",
-        "outside_share": "outside / plain step",
+        "ms_per_round": "ms per round",
+        "forward_ms_per_round": "in forwards (ms)",
+        "other_ms_per_round": "outside forwards (ms)",
+        "outside_share": "outside, vs a plain step",
         "predicted": "predicted speedup",
-        "speedup": "measured",
-        "compile": "compile s",
+        "speedup": "measured speedup",
+        "compile": "compile (s)",
     }
     rows = [
         {

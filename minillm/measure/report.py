@@ -184,6 +184,8 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
+        if value != value:  # NaN: no figure to give
+            return "-"
         return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.1f}"
     return str(value)
 

@@ -55,3 +55,10 @@ def test_no_line_runs_past_the_width(headers, values, width):
     rows = [{f"k{i}": values[i % len(values)] for i in range(len(headers))}]
     text = format_table(rows, columns, width=width)
     assert all(len(line) <= width for line in text.splitlines()), text
+
+
+def test_a_missing_float_prints_as_a_dash_not_nan():
+    from minillm.measure.report import format_table
+
+    table = format_table([{"method": "greedy", "ms": float("nan")}, {"method": "draft", "ms": 1.5}])
+    assert "nan" not in table and table.splitlines()[2].split() == ["greedy", "-"]
