@@ -156,3 +156,26 @@ def test_the_workflows_parse_and_run_the_projects_own_commands():
     assert "deploy-pages" in book["jobs"]["deploy"]["steps"][0]["uses"]
     assert "pull_request" in tests.get("on", tests.get(True))
     assert [s.get("run") for s in tests["jobs"]["test"]["steps"]][-1] == "make test"
+
+
+def live_cpu(nb: dict) -> str | None:
+    """The CPU a chapter's live cells ran on, from the hardware line its set-up cell prints."""
+    import re
+
+    for cell in nb["cells"][:4]:
+        for out in cell.get("outputs", []):
+            text = "".join(out.get("text") or out.get("data", {}).get("text/plain", ""))
+            match = re.match(r"(.+?) \(cpu\), \d+ thread", text)
+            if match:
+                name = re.sub(r"\((R|TM)\)|\bProcessor\b|\bCPU\b|@.*", "", match.group(1))
+                return " ".join(name.split()[:2])  # vendor and family: "Intel Xeon", "AMD EPYC"
+    return None
+
+
+def test_the_landing_page_names_the_machine_of_every_chapters_live_cells():
+    intro = (ROOT / "book" / "intro.md").read_text()
+    said = intro[intro.index("**What ran where") :].split("\n\n")[0]
+    cpus = {live_cpu(nbfiles.read_notebook(p)) for p in CHAPTERS} - {None}
+    assert cpus, "no chapter prints a CPU hardware line"
+    for cpu in cpus:
+        assert f"live cells on an {cpu}" in " ".join(said.split()) or f"live cells on a {cpu}" in said, cpu
