@@ -58,7 +58,8 @@ def measure_phases(
             "prefill",
             statistics.median(r.ttft for r in runs),
             prompt_len,
-            forward_cost(model.config, batch, prompt_len, prompt_len, bpe),
+            # generate's prefill keeps only the last token's logits: the head runs once per prompt
+            forward_cost(model.config, batch, prompt_len, prompt_len, bpe, head_tokens=1),
         ),
         ("decode", step, 1, forward_cost(model.config, batch, 1, prompt_len + new_tokens // 2, bpe)),
     ]

@@ -105,3 +105,11 @@ def test_measured_roofline_is_positive():
 
     roof = measure_roofline(n=128, megabytes=8, repeats=1, trials=2)
     assert roof.peak_flops > 0 and roof.peak_bandwidth > 0 and roof.ridge > 0
+
+
+def test_a_prefill_that_keeps_one_tokens_logits_counts_the_head_once():
+    cfg = preset("SmolLM2-135M")
+    full = forward_cost(cfg, batch=2, new_tokens=256, context=256)
+    last = forward_cost(cfg, batch=2, new_tokens=256, context=256, head_tokens=1)
+    head_per_token = 2 * cfg.dim * cfg.vocab_size
+    assert full.flops - last.flops == pytest.approx(2 * 255 * head_per_token)
