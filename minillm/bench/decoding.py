@@ -271,11 +271,6 @@ def _acceptance(rates: list[float]) -> str:
     return " ".join("-" if a != a else f"{a:.2f}" for a in rates) or "-"
 
 
-def _thousands(n):
-    """A count with thousands separators (614,880); anything else as it is."""
-    return f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else n
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
@@ -291,10 +286,7 @@ def format_decoding(result: dict) -> str:
         "extra_training": "extra training",
         "same_greedy_tokens": "same tokens",
     }
-    rows = [
-        {**r, "acceptance": _acceptance(r["acceptance_rates"]), "extra_params": _thousands(r.get("extra_params"))}
-        for r in result["rows"]
-    ]
+    rows = [{**r, "acceptance": _acceptance(r["acceptance_rates"])} for r in result["rows"]]
     title = (
         f"{result['benchmark']}: {result['target']} (draft {result['draft']}), {result['dtype']}, batch 1, "
         f"{_count(result['n_prompts'], 'prompt')} x {result['new_tokens']} new tokens, median of {result['repeats']}\n"
