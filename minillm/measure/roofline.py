@@ -101,9 +101,10 @@ def forward_cost(
     bytes_per_element: float = 2,
     head_tokens: int | None = None,
 ) -> OpCost:
-    """Total FLOPs and bytes of one forward pass (all layers and the LM head). The head runs on
-    ``head_tokens`` tokens per sequence (default: every new token; a prefill that keeps only the
-    last token's logits, as ``generate`` does, passes 1)."""
+    """Total FLOPs and bytes of one forward pass (all layers and the LM head).
+
+    The head runs on ``head_tokens`` tokens per sequence (default: every new token; a
+    prefill that keeps only the last token's logits, as ``generate`` does, passes 1)."""
     head = new_tokens if head_tokens is None else head_tokens
     ops = layer_costs(config, batch, new_tokens, context, bytes_per_element) * config.n_layers
     ops.append(matmul_cost("lm_head", batch * head, config.dim, config.vocab_size, bytes_per_element))
