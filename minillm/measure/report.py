@@ -85,9 +85,9 @@ def describe(record: Mapping[str, Any]) -> str:
         parts.append(str(record["dtype"]))
     if record.get("model"):
         parts.append(str(record["model"]))
-    load = [record.get("load_average_before"), record.get("load_average_after")]
-    if any(x is not None for x in load):
-        parts.append("load " + " -> ".join(f"{x:.2f}" for x in load if x is not None))
+    load = [(record.get(f"load_average_{when}"), when) for when in ("before", "after")]
+    if any(x is not None for x, _ in load):  # the machine's 1-minute load average around the run
+        parts.append("load average " + ", ".join(f"{x:.2f} {when}" for x, when in load if x is not None))
     return ", ".join(parts)
 
 

@@ -22,7 +22,7 @@ def plot_ladder(rows: Sequence[Mapping], title: str = "", gpu_rows: Sequence[Map
     blue steps are lossless (the row above's tokens), orange ones change the weights.
     ``gpu_rows`` (``bench.capstone_tables.gpu_ladder_rows``) adds a panel of a saved GPU run below it."""
     require_keys(rows, ("step", "tokens_per_s", "vs_baseline"), "plot_ladder")
-    panels = [(rows, "tokens_per_s", "tokens/s at batch 1 (prompt included)", "this machine (saved run)")]
+    panels = [(rows, "tokens_per_s", "tokens/s at batch 1 (prompt included)", "the saved CPU run")]
     if gpu_rows:
         panels.append((gpu_rows, "decode_tokens_per_s", "decode tokens/s at batch 1", "a GPU (make gpu-check)"))
     heights = [0.42 * len(mine) + 1.0 for mine, *_ in panels]

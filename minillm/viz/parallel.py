@@ -244,7 +244,7 @@ def plot_tp_speedup(rows: Sequence[Mapping], title: str = ""):
     ax.set(xlabel="GPUs (tensor-parallel size)", ylabel="decode speedup\n(tokens/s over the fewest GPUs)")
     ax.set_xticks(sorted({r["gpus"] for r in rows}))
     ax.set_ylim(bottom=0)
-    legend_under(fig, ax, ncol=2, fontsize=8)
+    legend_under(fig, ax, ncol=1, fontsize=8)
     ax.set_title(title or "Tensor-parallel decode speedup, predicted and published", fontsize=10)
     return finish(fig)
 
