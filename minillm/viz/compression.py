@@ -38,12 +38,15 @@ def plot_quality_vs_bits(rows: Sequence[Mapping], baseline: float, title: str = 
     """Perplexity against stored bits per weight (scales included), one labelled point per format;
     the dashed line is the unquantized model. The y axis is zoomed to the points (it says so), and
     the right axis gives each point's change against fp32 in percent, so a 1% step is read as 1%.
-    Formats at the same bits are labelled on alternate sides, so their names do not overlap."""
+    Formats that land close together are labelled on alternate sides, so their names do not
+    overlap."""
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4))
-    seen: dict[float, int] = {}
-    for r in rows:
+    span = max(r["perplexity"] for r in rows) - min(r["perplexity"] for r in rows) or 1.0
+    for i, r in enumerate(rows):
         ax.plot(r["bits"], r["perplexity"], "o", color="tab:blue")
-        k = seen[r["bits"]] = seen.get(r["bits"], -1) + 1
+        k = sum(  # labels already drawn near this point
+            abs(q["bits"] - r["bits"]) < 0.6 and abs(q["perplexity"] - r["perplexity"]) < 0.08 * span for q in rows[:i]
+        )
         left = k % 2 == 1
         offset = (-7 if left else 7, -4 - 10 * (k // 2))
         ax.annotate(
