@@ -1,14 +1,18 @@
 """The collectives the parallel layers use, each one counted.
 
-Every all-reduce, all-gather, send, receive and ring exchange goes through a ``Comm``, which calls
-``torch.distributed`` and records, per kind, how many calls and how many payload bytes this rank
-put into them (a tensor's ``numel * element_size``: the "size" that nccl-tests reports). The
-counts are what a run really did; chapter 15 checks them against the formulas
-(``minillm.parallel.predict``), and the benchmark turns them into predicted times on real links.
+Every all-reduce, all-gather, send, receive, ring exchange and all-to-all goes through a
+``Comm``, which calls ``torch.distributed`` and records, per kind, how many calls and how many
+payload bytes this rank put into them (a tensor's ``numel * element_size``: the "size" that
+nccl-tests reports). The counts are what a run really did; chapter 15 checks them against the
+formulas (``minillm.parallel.predict``, ``minillm.parallel.expert``), and the benchmark turns
+them into predicted times on real links.
 
 What the wire carries is larger than the payload for an all-reduce: the ring algorithm
 (Patarasuk & Yuan, 2009) moves 2 (p - 1) / p times the payload through each rank's link,
-all-gather (p - 1) / p of the gathered result. ``wire_bytes`` applies those factors.
+all-gather (p - 1) / p of the gathered result. ``wire_bytes`` applies those factors. An
+all-to-all (expert parallelism's dispatch and combine) is counted as the rows it sends to *other*
+ranks: the rows a rank keeps cross no link, and which fraction leaves depends on the routing, so
+no factor could recover it from the whole buffer.
 
 A ``Comm`` over a world of one rank does nothing and counts nothing: the same model code runs
 alone and sharded.
@@ -24,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-KINDS = ("all_reduce", "all_gather", "send", "recv", "ring")
+KINDS = ("all_reduce", "all_gather", "send", "recv", "ring", "all_to_all", "all_to_all_counts")
 
 
 def nbytes(t: Tensor) -> int:
@@ -117,3 +121,29 @@ class Comm:
             work.wait()
         self._count("ring", sum(nbytes(t) for t in tensors))
         return [o.to(t.device) for o, t in zip(out, tensors)]
+
+    def all_to_all(self, t: Tensor, send_splits: list[int], recv_splits: list[int]) -> Tensor:
+        """Rows of ``t`` (along dim 0) to every rank: the first ``send_splits[0]`` to rank 0, the
+        next ``send_splits[1]`` to rank 1, and so on; returns the rows every rank sent here, in rank
+        order (``recv_splits[j]`` from rank j). Counted as the bytes sent to the other ranks.
+
+        ``all_to_all_single`` with split sizes: gloo's list form (``dist.all_to_all``) refuses
+        tensors of different sizes (torch 2.13: "ProcessGroupGloo::alltoall: invalid tensor size")."""
+        if self.world_size == 1:
+            return t
+        row = t[0].numel() * t.element_size() if t.shape[0] else 0
+        self._count("all_to_all", row * (sum(send_splits) - send_splits[self.rank]))
+        out = torch.empty((sum(recv_splits), *t.shape[1:]), dtype=t.dtype, device=self.wire or t.device)
+        dist.all_to_all_single(out, self._to_wire(t).contiguous(), recv_splits, send_splits, group=self.group)
+        return out.to(t.device)
+
+    def all_to_all_counts(self, counts: Tensor) -> Tensor:
+        """Row j of ``counts`` (p, m) to rank j; returns (p, m), row j from rank j: the sizes an
+        all-to-all of uneven splits needs known on both sides before it starts. Counted apart
+        (its own kind), as the rows sent to the other ranks."""
+        if self.world_size == 1:
+            return counts
+        self._count("all_to_all_counts", nbytes(counts) // self.world_size * (self.world_size - 1))
+        out = torch.empty_like(self._to_wire(counts))
+        dist.all_to_all_single(out, self._to_wire(counts).contiguous(), group=self.group)
+        return out.to(counts.device)
