@@ -7,6 +7,8 @@ resolves the repository itself: ``MINILLM_REPOSITORY`` (owner/name), then the CI
 pages carry no badge, no repository button and no dead link: the install cell shows the one line
 that installs from a clone, and source links become plain file names.
 
+It also takes the ``%%needs triton`` guard line off the code cells it shows.
+
 Loaded from _config.yml (``sphinx.extra_extensions``).
 """
 
@@ -64,14 +66,28 @@ def resolve_notebook(source: str, repo: str | None) -> str:
     return json.dumps(nb, ensure_ascii=False, indent=1)
 
 
+NEEDS = re.compile(r"\A%%needs[^\n]*\n")
+
+
+def without_needs(source: str) -> str:
+    """A notebook's JSON with the ``%%needs triton`` guard line taken off its code cells: the
+    page shows the code the cell ran (a run without the module prints a 'Skipped' line instead)."""
+    nb = json.loads(source)
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code":
+            text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            cell["source"] = NEEDS.sub("", text)
+    return json.dumps(nb, ensure_ascii=False, indent=1)
+
+
 def _on_source_read(app, docname: str, content: list[str]) -> None:
+    notebook = str(app.env.doc2path(docname)).endswith(".ipynb")
+    if notebook and "%%needs" in content[0]:
+        content[0] = without_needs(content[0])
     if PLACEHOLDER not in content[0]:
         return
     repo = app.config.minillm_repository or None
-    if str(app.env.doc2path(docname)).endswith(".ipynb"):
-        content[0] = resolve_notebook(content[0], repo)
-    else:
-        content[0] = resolve_text(content[0], repo)
+    content[0] = resolve_notebook(content[0], repo) if notebook else resolve_text(content[0], repo)
 
 
 def _on_config_inited(app, config) -> None:

@@ -49,4 +49,13 @@ def test_the_repository_comes_from_the_environment_then_the_git_remote(monkeypat
 
 def test_the_book_loads_the_extension():
     config = (ROOT / "_config.yml").read_text()
-    assert "extra_extensions: [minillm.book.pages]" in config
+    assert "extra_extensions: [minillm.book.pages, sphinx-mathjax-offline]" in config
+
+
+def test_the_page_shows_a_guarded_cell_without_its_needs_line():
+    chapter = ROOT / "chapters" / "10_flash_attention.ipynb"
+    text = chapter.read_text()
+    assert "%%needs triton" in text
+    nb = json.loads(pages.without_needs(text))
+    guarded = [nbfiles.cell_source(c) for c in nb["cells"] if c["cell_type"] == "code"]
+    assert not any("%%needs" in s for s in guarded) and any(s.startswith("show(_flash_fwd_kernel") for s in guarded)
