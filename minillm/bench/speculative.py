@@ -50,7 +50,9 @@ def speculative_sweep(
                     "tokens_per_s": len(prompts) * new_tokens / seconds,
                     "tokens_per_target_forward": stats.tokens_per_target_forward,
                     "alpha": mean_acceptance(stats),
+                    "mean_accepted_length": stats.mean_accepted_length,
                     "acceptance_rates": stats.acceptance_rates,
+                    "reached": stats.reached,  # per position: rounds that got to check it
                     "ms_per_round": 1e3 * seconds / stats.target_forwards,
                     "ms_per_plain_token": 1e3 * base / (len(prompts) * new_tokens),
                 }

@@ -5,6 +5,8 @@ tree and attention masks; and where a wide forward pays (the break-even plot).
 
 from __future__ import annotations
 
+import re
+
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
@@ -55,7 +57,7 @@ def plot_acceptance_vs_temperature(curve: dict[float, float], measured: dict[flo
     ax.plot(list(measured), list(measured.values()), "s", ms=9, label="measured while generating")
     ax.set(
         xlabel="temperature (0 = greedy: argmax agreement)",
-        ylabel="acceptance rate per proposal",
+        ylabel="per-position acceptance rate",
         ylim=(0, 1),
         title=title,
     )
@@ -73,15 +75,18 @@ def plot_speedup_map(k: int, points: dict[str, tuple[float, float]], title: str 
     ax.contour(alphas, cs, grid, levels=[1], colors="black", linestyles="--")
     fig.colorbar(filled, label="expected speedup (x)")
     for name, (a, c) in points.items():
-        ax.plot(a, c, "ko")
+        # a point on the frame (the target drafting for itself: a = 1, c = 1) stays whole and visible
+        ax.plot(a, c, "o", color="black", mec="white", mew=1.5, ms=9, clip_on=False, zorder=5)
         right = a > 0.7
         ax.annotate(
             name,
             (a, c),
             textcoords="offset points",
-            xytext=(-5 if right else 5, -12 if c > 0.9 else 5),
+            xytext=(-9 if right else 7, -16 if c > 0.9 else 6),
             ha="right" if right else "left",
             fontsize=8,
+            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.4", "alpha": 0.9},
+            zorder=6,
         )
     ax.set(xlabel="acceptance rate a", ylabel="draft / target cost per forward, c", title=title)
     return finish(fig)
@@ -97,12 +102,15 @@ def plot_lookup_by_task(rows: list[dict], title: str = ""):
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 6.0), sharex=True)
     for task in dict.fromkeys(r["task"] for r in rows):
         mine = [r for r in rows if r["task"] == task]
-        x = [100 * r["copyable"] for r in mine]
+        x = [r["copyable"] for r in mine]
         ax1.plot(x, [r["speedup"] for r in mine], "o", label=task)
         ax2.plot(x, [r["tokens_per_target_forward"] for r in mine], "o", label=task)
     ax1.axhline(1, color="gray", lw=1)
     ax1.set(ylabel="speedup over greedy (x)")
-    ax2.set(xlabel="output tokens a 3-gram lookup could copy (%)", ylabel="new tokens per forward")
+    ax2.set(
+        xlabel="copyable share: fraction of output tokens a 3-gram lookup could copy",
+        ylabel="new tokens per forward",
+    )
     legend_under(fig, ax1, ncol=min(4, len(ax1.get_legend_handles_labels()[1])))
     fig.suptitle(title)
     return finish(fig)
@@ -114,11 +122,16 @@ def plot_lookup_by_task(rows: list[dict], title: str = ""):
 
 def plot_jacobi(guesses: list[list[int]], target: list[int], labels: list[str] | None = None, title: str = ""):
     """Jacobi iterations as a grid, one row per iteration: green where the guess already has greedy's
-    token, a dark edge on the confirmed prefix (every token before it right too)."""
+    token, a dark edge on the confirmed prefix (every token before it right too). A token's text longer
+    than its cell holds at 7 pt is cut and ends in '…', and the x label says so."""
     right = torch.tensor([[g == t for g, t in zip(guess, target)] for guess in guesses])  # (iters, n)
     fig, ax = plt.subplots(figsize=(min(WIDTH_IN, 0.62 * len(target) + 1.5), 0.3 * len(guesses) + 1.4))
     cell_pt = 72 * (fig.get_figwidth() - 1.3) / len(target)
-    chars = max(1, min(6, int(cell_pt / 4.5)))  # what of each token's text fits its cell at 7 pt
+    chars = max(2, min(6, int(cell_pt / 4.5)))  # what of each token's text fits its cell at 7 pt
+
+    def fit(text: str) -> str:  # cut visibly, never silently
+        return text if len(text) <= chars else text[: chars - 1] + "…"
+
     ax.imshow(right.numpy(), cmap=ListedColormap(["#f2f2f2", "#8fd18b"]), vmin=0, vmax=1, aspect="auto")
     for it, guess in enumerate(guesses):
         prefix = next((i for i, ok in enumerate(right[it].tolist()) if not ok), len(target))
@@ -126,8 +139,14 @@ def plot_jacobi(guesses: list[list[int]], target: list[int], labels: list[str] |
             ax.add_patch(Rectangle((-0.5, it - 0.5), prefix, 1, fill=False, ec="black", lw=1.5))
         if labels is not None:
             for i, token in enumerate(guess):
-                ax.text(i, it, labels[token][:chars], ha="center", va="center", fontsize=7)
-    ax.set(xlabel="position in the block of new tokens", ylabel="Jacobi iteration\n(0 = initial guess)", title=title)
+                ax.text(i, it, fit(labels[token]), ha="center", va="center", fontsize=7)
+    cut = labels is not None and any(len(labels[t]) > chars for guess in guesses for t in guess)
+    note = f"\n(tokens over {chars} characters cut: … marks the cut)" if cut else ""
+    ax.set(
+        xlabel="position in the block of new tokens" + note,
+        ylabel="Jacobi iteration\n(0 = initial guess)",
+        title=title,
+    )
     ax.grid(False)
     return finish(fig)
 
@@ -246,9 +265,22 @@ def plot_break_even(relative_cost: dict[str, dict], methods: dict[str, tuple[flo
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.2))
     for name, by_t in relative_cost.items():
         ts = sorted(int(t) for t in by_t)
-        ax.plot(ts, [by_t[t] if t in by_t else by_t[str(t)] for t in ts], "o-", label=name)
+        ax.plot(ts, [by_t[t] if t in by_t else by_t[str(t)] for t in ts], ".-", lw=1.5, ms=6, label=name, zorder=2)
+    # the methods in black, one marker shape each, drawn over the lines with a white rim: no line's
+    # colour is reused, and a method that sits at a measured width stays visible on top of the line
+    shapes = ["*", "P", "X", "D", "^", "s"]
     for i, (name, (width, tokens)) in enumerate(methods.items()):
-        ax.plot([width], [tokens], "*", ms=13, color=f"C{i + 3}", label=f"{name}: {tokens:.2f} tokens/forward")
+        ax.plot(
+            [width],
+            [tokens],
+            shapes[i % len(shapes)],
+            ms=14 if shapes[i % len(shapes)] == "*" else 10,
+            color="black",
+            mec="white",
+            mew=1.2,
+            zorder=5,
+            label=f"{name}: {tokens:.2f} tokens/forward",
+        )
     ax.set_xscale("log", base=2)
     ax.set(
         xlabel="tokens in one forward (T)",
@@ -275,15 +307,13 @@ def plot_round_split(rows: list[dict], title: str = ""):
     ax.barh(y, outside, left=inside, color="C3", label="outside: the loop's own work")
     for yi, r in zip(y, methods):
         end = r["forward_ms_per_round"] + r["other_ms_per_round"]
-        ax.text(end, yi, f"  {r['speedup']:.2f}x", va="center", fontsize=8)
+        ax.text(end, yi, f" {r['speedup']:.2f}x", va="center", fontsize=9)
         ax.plot([r["plain_step_ms"]] * 2, [yi - 0.4, yi + 0.4], color="k", lw=1.5)
     ax.plot([], [], color="k", lw=1.5, label="one plain greedy step (same kind)")
-    ax.set_yticks(y, [r["method"] for r in methods], fontsize=8)
-    ax.set(
-        xlabel="milliseconds per round (one target forward)\n"
-        "at each bar's end: its speedup over plain greedy of the same kind",
-        title=title,
-    )
+    ax.plot([], [], ls="none", marker="$1.2x$", ms=18, color="k", label="speedup over that greedy")
+    # the methods' settings (K, W, N, G, the tree) are in the table beside the figure
+    ax.set_yticks(y, [re.sub(r" \(.*?\)", "", r["method"]) for r in methods], fontsize=9)
+    ax.set(xlabel="milliseconds per round (one target forward)", title=title)
     ax.set_xlim(0, 1.18 * max(a + b for a, b in zip(inside, outside)))
     legend_under(fig, ax, ncol=2, fontsize=8)
     return finish(fig)
