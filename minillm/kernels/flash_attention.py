@@ -181,13 +181,13 @@ def _flash_fwd_kernel(
             m_i,
             l_i,
             acc,
-            False,
-            CAUSAL,
-            HEAD_DIM,
-            BLOCK_N,
-            PRECISION,
-        )
-    for start_n in range(n_full, end, BLOCK_N):
+            MASKED=False,
+            CAUSAL=CAUSAL,
+            HEAD_DIM=HEAD_DIM,
+            BLOCK_N=BLOCK_N,
+            PRECISION=PRECISION,
+        )  # tiles every row sees in full: no masks
+    for start_n in range(n_full, end, BLOCK_N):  # the causal diagonal, a ragged last tile
         m_i, l_i, acc = _attend_tile(
             q,
             k_base,
@@ -203,11 +203,11 @@ def _flash_fwd_kernel(
             m_i,
             l_i,
             acc,
-            True,
-            CAUSAL,
-            HEAD_DIM,
-            BLOCK_N,
-            PRECISION,
+            MASKED=True,
+            CAUSAL=CAUSAL,
+            HEAD_DIM=HEAD_DIM,
+            BLOCK_N=BLOCK_N,
+            PRECISION=PRECISION,
         )
     out = acc / l_i[:, None]  # the one division, at the end (FlashAttention-2)
     o_ptrs = Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :] * sod
