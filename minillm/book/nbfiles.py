@@ -12,6 +12,14 @@ def cell_source(cell: dict) -> str:
     return "".join(src) if isinstance(src, list) else src
 
 
+def split_needs(code: str) -> tuple[list[str], str]:
+    """A code cell's ``%%needs triton`` modules (none without the magic) and the code under it."""
+    first, _, rest = code.lstrip().partition("\n")
+    if first.startswith("%%needs"):
+        return first.split()[1:], rest.lstrip()
+    return [], code.lstrip()
+
+
 def python_source(cell: dict) -> str:
     """A code cell's source as plain Python: IPython magic and shell lines (``%pip``,
     ``%%needs triton``, ``!ls``) become ``pass``, keeping their indentation, so ``ast`` can read it."""

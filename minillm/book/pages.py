@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 
 from .links import BADGE, PLACEHOLDER, check_repository
+from .nbfiles import cell_source, split_needs
 
 GITHUB_REMOTE = re.compile(r"github\.com[:/]([A-Za-z0-9-]+/[A-Za-z0-9._-]+?)(?:\.git)?/?$")
 PLACEHOLDER_URL = f"https://github.com/{PLACEHOLDER}"
@@ -57,27 +58,24 @@ def resolve_text(text: str, repo: str | None) -> str:
     return INSTALL_LINE.sub(lambda m: m.group(1) + FROM_A_CLONE, text)
 
 
-def resolve_notebook(source: str, repo: str | None) -> str:
-    """A notebook's JSON with every cell's source resolved."""
+def _rewrite_cells(source: str, rewrite, code_only: bool = False) -> str:
+    """A notebook's JSON with ``rewrite`` applied to the source of each cell (or code cell)."""
     nb = json.loads(source)
     for cell in nb.get("cells", []):
-        text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        cell["source"] = resolve_text(text, repo)
+        if not code_only or cell.get("cell_type") == "code":
+            cell["source"] = rewrite(cell_source(cell))
     return json.dumps(nb, ensure_ascii=False, indent=1)
 
 
-NEEDS = re.compile(r"\A%%needs[^\n]*\n")
+def resolve_notebook(source: str, repo: str | None) -> str:
+    """A notebook's JSON with every cell's source resolved."""
+    return _rewrite_cells(source, lambda text: resolve_text(text, repo))
 
 
 def without_needs(source: str) -> str:
     """A notebook's JSON with the ``%%needs triton`` guard line taken off its code cells: the
     page shows the code the cell ran (a run without the module prints a 'Skipped' line instead)."""
-    nb = json.loads(source)
-    for cell in nb.get("cells", []):
-        if cell.get("cell_type") == "code":
-            text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            cell["source"] = NEEDS.sub("", text)
-    return json.dumps(nb, ensure_ascii=False, indent=1)
+    return _rewrite_cells(source, lambda text: split_needs(text)[1] if "%%needs" in text else text, code_only=True)
 
 
 def _on_source_read(app, docname: str, content: list[str]) -> None:

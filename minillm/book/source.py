@@ -171,13 +171,9 @@ def _library_imports(nb: dict) -> str:
 
 
 def _needs_and_call(cell: dict) -> tuple[list[str], str]:
-    """A cell's ``%%needs`` modules (none without the magic) and the code after it."""
-    from .nbfiles import cell_source
+    from .nbfiles import cell_source, split_needs
 
-    lines = cell_source(cell).lstrip().splitlines()
-    if lines and lines[0].startswith("%%needs"):
-        return lines[0].split()[1:], "\n".join(lines[1:]).lstrip()
-    return [], "\n".join(lines)
+    return split_needs(cell_source(cell))
 
 
 def excerpt_cells(nb: dict) -> list[dict]:
