@@ -39,7 +39,7 @@ from ..core.device import best_device, cuda_half_dtype
 from ..core.generate import generate
 from ..core.model import Transformer, random_model
 from ..core.tokenizer import Tokenizer
-from ..decoding.common import mean_acceptance, merged
+from ..decoding.common import merged
 from ..decoding.prompt_lookup import prompt_lookup_generate
 from ..decoding.speculative import predicted_speedup, speculative_generate
 from ..measure.metrics import SLO, RequestMetrics, span
@@ -251,7 +251,8 @@ def bench_decoding_rows(o: CapstoneBench, target: Transformer, tokenizer: Tokeni
                 "tokens_per_s": total / fast,
                 "greedy_tokens_per_s": total / base,
                 "vs_greedy": base / fast,
-                "acceptance": mean_acceptance(stats),
+                "acceptance_rate": stats.acceptance_rate,
+                "fraction_kept": stats.fraction_kept,
                 "tokens_per_target_forward": stats.tokens_per_target_forward,
                 "same_tokens_as_greedy": timed[name]["tokens"] == timed["greedy"]["tokens"],
                 "first_difference": first_difference(target, prompts, timed["greedy"]["tokens"], timed[name]["tokens"]),
@@ -259,7 +260,7 @@ def bench_decoding_rows(o: CapstoneBench, target: Transformer, tokenizer: Tokeni
                 "lossless": True,
             }
         )
-    rows[0].update(draft_costs(target, draft, o.k, rows[0]["acceptance"]))
+    rows[0].update(draft_costs(target, draft, o.k, rows[0]["acceptance_rate"]))
     return rows
 
 

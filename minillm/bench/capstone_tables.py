@@ -124,7 +124,8 @@ def format_decoding_rows(result: dict) -> str:
         {
             **r,
             "x": f"{r['vs_greedy']:.2f}x",
-            "alpha": r["acceptance"],
+            "alpha": r["acceptance_rate"],
+            "kept": f"{r['fraction_kept']:.0%}" if "fraction_kept" in r else "-",
             "tpf": r["tokens_per_target_forward"],
             "same": r["same_tokens_as_greedy"],
         }
@@ -136,7 +137,8 @@ def format_decoding_rows(result: dict) -> str:
         "greedy_tokens_per_s": "greedy tok/s",
         "tokens_per_s": "tok/s",
         "x": "vs greedy",
-        "alpha": "acceptance",
+        "alpha": "per-position acceptance",
+        "kept": "proposals kept",
         "tpf": "tokens per target forward",
         "same": "same tokens",
     }

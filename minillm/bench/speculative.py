@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..core.generate import generate
 from ..core.model import Transformer
 from ..core.sampling import SamplingParams
-from ..decoding.common import mean_acceptance, merged
+from ..decoding.common import merged
 from ..decoding.speculative import speculative_generate
 from .decoding import greedy_tokens, time_methods, tokens_and_stats
 
@@ -49,7 +49,8 @@ def speculative_sweep(
                     "speedup": base / seconds,
                     "tokens_per_s": len(prompts) * new_tokens / seconds,
                     "tokens_per_target_forward": stats.tokens_per_target_forward,
-                    "alpha": mean_acceptance(stats),
+                    "alpha": stats.acceptance_rate,  # per position
+                    "fraction_kept": stats.fraction_kept,
                     "mean_accepted_length": stats.mean_accepted_length,
                     "acceptance_rates": stats.acceptance_rates,
                     "reached": stats.reached,  # per position: rounds that got to check it

@@ -27,6 +27,7 @@ class DecodingStats:
     k: int  # proposals per round, at most
     reached: list[int] = field(default_factory=list)  # per draft position: rounds that got to check it
     accepted: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
+    proposed: int = 0  # proposals made, all rounds together
     target_forwards: int = 0  # forwards of the target; the first also prefills the prompt, as in generate
     draft_forwards: int = 0  # forwards of a draft model, if any
     new_tokens: int = 0
@@ -37,6 +38,7 @@ class DecodingStats:
 
     def record(self, proposed: int, n_accepted: int, emitted: int) -> None:
         """One verification: ``proposed`` tokens checked left to right, the first ``n_accepted`` kept."""
+        self.proposed += proposed
         for i in range(min(proposed, n_accepted + 1)):
             self.reached[i] += 1
         for i in range(n_accepted):
@@ -48,6 +50,19 @@ class DecodingStats:
     def acceptance_rates(self) -> list[float]:
         """Per draft position i: P(accept i | all before i accepted); nan where never reached."""
         return [a / r if r else float("nan") for a, r in zip(self.accepted, self.reached)]
+
+    @property
+    def acceptance_rate(self) -> float:
+        """The per-position acceptance rate, all positions pooled: accepted over the proposals a
+        round got to check (the ones after a rejection are never checked). The alpha of chapter 7."""
+        reached = sum(self.reached)
+        return sum(self.accepted) / reached if reached else float("nan")
+
+    @property
+    def fraction_kept(self) -> float:
+        """Accepted over proposed: lower than ``acceptance_rate``, because a rejection discards the
+        rest of its round unchecked."""
+        return sum(self.accepted) / self.proposed if self.proposed else float("nan")
 
     @property
     def mean_accepted_length(self) -> float:
@@ -63,6 +78,8 @@ class DecodingStats:
         return {
             "k": self.k,
             "acceptance_rates": self.acceptance_rates,
+            "acceptance_rate": self.acceptance_rate,
+            "fraction_kept": self.fraction_kept,
             "mean_accepted_length": self.mean_accepted_length,
             "tokens_per_target_forward": self.tokens_per_target_forward,
             "target_forwards": self.target_forwards,
@@ -79,16 +96,11 @@ def merged(stats: list[DecodingStats]) -> DecodingStats | None:
     for s in stats:
         total.reached = [a + b for a, b in zip(total.reached, s.reached)]
         total.accepted = [a + b for a, b in zip(total.accepted, s.accepted)]
+        total.proposed += s.proposed
         total.target_forwards += s.target_forwards
         total.draft_forwards += s.draft_forwards
         total.new_tokens += s.new_tokens
     return total
-
-
-def mean_acceptance(stats: DecodingStats) -> float:
-    """Accepted proposals over proposals checked, all positions together: one alpha for the model."""
-    reached = sum(stats.reached)
-    return sum(stats.accepted) / reached if reached else float("nan")
 
 
 @dataclass

@@ -71,7 +71,7 @@ def test_decoding_rows_are_lossless_against_greedy(result):
     spec, lookup = result["decoding"]
     for row in (spec, lookup):
         assert row["same_tokens_as_greedy"] and row["first_difference"] is None, row["step"]
-        assert 0 <= row["acceptance"] <= 1 and row["tokens_per_target_forward"] >= 1
+        assert 0 <= row["fraction_kept"] <= row["acceptance_rate"] <= 1 and row["tokens_per_target_forward"] >= 1
         assert row["vs_greedy"] == pytest.approx(row["tokens_per_s"] / row["greedy_tokens_per_s"])
     assert "speculative" in spec["step"] and "lookup" in lookup["step"]
     assert spec["weights_bytes"] > lookup["weights_bytes"]  # the draft's weights count too

@@ -24,7 +24,7 @@ from minillm.bench.speculative import speculative_sweep
 from minillm.cli.main import main
 from minillm.core.sampling import SamplingParams
 from minillm.decoding import speculative as spec
-from minillm.decoding.common import DecodingStats
+from minillm.decoding.common import DecodingStats, merged
 from minillm.decoding.prompt_lookup import copyable_fraction, lookup_continuation, prompt_lookup_generate
 from minillm.decoding.speculative import (
     accept_draft_tokens,
@@ -155,6 +155,10 @@ def test_stats_count_reached_and_accepted_positions():
     assert stats.reached == [2, 2, 1] and stats.accepted == [2, 1, 1]
     assert stats.acceptance_rates == [1.0, 0.5, 1.0]
     assert stats.tokens_per_target_forward == 3.0 and stats.mean_accepted_length == 2.0
+    # three names, three quantities: 4 accepted of 5 checked, of 6 proposed, 2 per round
+    assert stats.acceptance_rate == 4 / 5 and stats.fraction_kept == 4 / 6
+    both = merged([stats, stats])
+    assert both.proposed == 12 and both.fraction_kept == stats.fraction_kept
 
 
 @pytest.mark.parametrize(
