@@ -28,6 +28,8 @@ PLACEHOLDER_URL = f"https://github.com/{PLACEHOLDER}"
 LINK = re.compile(rf"\[([^\]]+)\]\({re.escape(PLACEHOLDER_URL)}[^)\s]*\)")
 INSTALL_LINE = re.compile(rf"^(\s*)%pip install[^\n]*{re.escape(PLACEHOLDER)}[^\n]*$", re.M)
 FROM_A_CLONE = 'pass  # no public repository is known to this build: from a clone, pip install -e ".[book]"'
+CLONE_LINES = re.compile(rf"^git clone {re.escape(PLACEHOLDER_URL)}\S*\n(?:cd \S+\n)?", re.M)
+IN_A_COPY = "# in your copy of the repository (this build knows no public one):\n"
 
 
 def resolve_repository(root: Path = Path(".")) -> str | None:
@@ -49,12 +51,12 @@ def resolve_repository(root: Path = Path(".")) -> str | None:
 
 def resolve_text(text: str, repo: str | None) -> str:
     """Markdown or code with the placeholder resolved: renamed to ``repo``, or, with none, the
-    badge dropped, links to the placeholder turned into their text and the install line replaced
-    by a clone's."""
+    badge dropped, links to the placeholder turned into their text, the install line replaced
+    by a clone's and the clone commands by a pointer to the reader's copy."""
     if repo is not None:
         return text.replace(PLACEHOLDER, repo)
     text = BADGE.sub("", text).lstrip("\n") if BADGE.search(text) else text
-    text = LINK.sub(r"\1", text)
+    text = CLONE_LINES.sub(IN_A_COPY, LINK.sub(r"\1", text))
     return INSTALL_LINE.sub(lambda m: m.group(1) + FROM_A_CLONE, text)
 
 

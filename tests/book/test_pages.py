@@ -31,6 +31,16 @@ def test_without_a_repository_no_badge_no_dead_link_and_a_clone_install():
     compile(nbfiles.python_source(nb["cells"][1]), "install", "exec")  # still a cell that runs
 
 
+def test_how_to_run_names_the_clone_or_the_readers_copy():
+    guide = (ROOT / "book" / "how_to_run.md").read_text()
+    assert f"git clone https://github.com/{PLACEHOLDER}.git" in guide  # what the publisher rewrites
+    known = pages.resolve_text(guide, "someone/minillm")
+    assert "git clone https://github.com/someone/minillm.git\ncd minillm\nmake lab" in known
+    unknown = pages.resolve_text(guide, None)
+    assert PLACEHOLDER not in unknown and "git clone" not in unknown
+    assert pages.IN_A_COPY + "make lab" in unknown
+
+
 def test_the_repository_comes_from_the_environment_then_the_git_remote(monkeypatch, tmp_path):
     monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
     monkeypatch.setenv("MINILLM_REPOSITORY", "reader/fork")
