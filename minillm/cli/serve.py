@@ -5,6 +5,7 @@ server (``serving.http``); the web framework is imported only when the server st
 from __future__ import annotations
 
 import argparse
+import os
 
 from .common import (
     DTYPES,
@@ -28,13 +29,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             model=args.model,
             host=args.host,
             port=args.port,
-            api_key=args.api_key,
+            api_key=args.api_key or os.environ.get(http.API_KEY_VARIABLE) or None,
             max_batch=args.max_batch,
             num_blocks=args.num_blocks,
             block_size=args.block_size,
             device=parse_device(args.device),
             dtype=DTYPES[args.dtype] if args.dtype else None,
             shutdown_timeout=args.shutdown_timeout,
+            **({} if args.max_body_bytes is None else {"max_body_bytes": args.max_body_bytes}),
             quantize=args.quantize,
             group_size=args.group_size,
         )
@@ -61,7 +63,18 @@ def add_serve(commands) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 request")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every /v1 request (default: $MINILLM_API_KEY, "
+        "which, unlike the command line, ps does not show)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="largest request body accepted; a larger one is a 413 (default: 4 MiB)",
+    )
     p.add_argument("--num-blocks", type=int, default=256, help="KV pool size in blocks (default: 256)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
     p.add_argument(

@@ -4,6 +4,7 @@ the first stop string, as an API's ``stop`` asks)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -56,6 +57,13 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The longest token string of the vocabulary, added tokens included: no token stands for
+        more characters of text (a byte-level or byte-fallback token's string is at least as long
+        as the text it decodes to), so a text of n characters needs at least n / this tokens."""
+        return max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; the tokenizer's own template decides whether a BOS is added."""

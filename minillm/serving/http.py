@@ -6,7 +6,8 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (for checkpoints with a chat
 template), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). With an API key,
-every ``/v1`` request needs ``Authorization: Bearer KEY``. Bad input is a 4xx with an OpenAI
+every ``/v1`` request needs ``Authorization: Bearer KEY`` (the scheme in any case). A body
+over the size limit is a 413, and a large one never stalls the others. Bad input is a 4xx with an OpenAI
 error object naming the field (``openai_api``); the engine loop (``async_engine``) keeps serving.
 A client that goes away aborts its request. On SIGINT/SIGTERM the server stops accepting, lets
 requests in flight finish for ``shutdown_timeout`` seconds, aborts the rest and exits.
@@ -49,6 +50,8 @@ from .scheduler import SchedulerConfig
 from .workload import Request
 
 SERVE_EXTRA = "pip install 'minillm[serve]' (fastapi, uvicorn, prometheus_client, jinja2)"
+MAX_BODY_BYTES = 4 * 2**20  # a request body larger than this is a 413 (``--max-body-bytes``)
+API_KEY_VARIABLE = "MINILLM_API_KEY"  # where ``serve`` reads the key when no --api-key is given
 ROUTES = "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics"
 
 
@@ -76,6 +79,7 @@ class ServerOptions:
     device: str | None = None  # None: the best available
     dtype: torch.dtype | None = None  # None: as the runtime picks (minillm.runtime.compute_dtype)
     shutdown_timeout: float = 5.0  # seconds requests in flight may take to finish on SIGTERM
+    max_body_bytes: int = MAX_BODY_BYTES  # a larger request body is refused (413) before it is read
     quantize: str | None = None  # weight-only "int8" | "int4" | "fp8", through the runtime
     group_size: int | None = None  # int4 only
 
@@ -88,7 +92,7 @@ class ServerOptions:
             raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string or None")
-        check_field_types(self, ints=("max_batch", "num_blocks", "block_size"))
+        check_field_types(self, ints=("max_batch", "num_blocks", "block_size", "max_body_bytes"))
         t = self.shutdown_timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"shutdown_timeout must be a finite number of seconds >= 0, got {t!r}")
@@ -121,9 +125,13 @@ def model_info(name: str, tokenizer, engine: Engine) -> ModelInfo:
 # The application
 
 
-def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = None):
+def create_app(
+    engine: AsyncEngine, name: str, tokenizer, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+):
     """The FastAPI app serving ``engine``'s model as ``name``; its lifespan starts the engine's loop
-    and shuts it down."""
+    and shuts it down. A body over ``max_body_bytes`` is a 413, refused as soon as its length is
+    known; decoding the JSON and tokenizing run in a worker thread, so that a large prompt never
+    holds up the event loop, and with it every other request and ``/health``."""
     require_serve_extra()
     from fastapi import APIRouter, Depends, FastAPI
     from fastapi import Request as HTTPRequest
@@ -161,15 +169,16 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
     async def authorize(request: HTTPRequest) -> None:  # async: a plain def would run in a thread pool, per request
         if api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
             raise APIError(401, "a valid API key is needed: send 'Authorization: Bearer KEY'", code="invalid_api_key")
 
     app = FastAPI(title="minillm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
 
     async def serve(request: HTTPRequest, chat: bool):
-        job = parse_job(await json_body(request), info, chat)
+        raw = await read_body(request, max_body_bytes)
+        job = await asyncio.to_thread(lambda: parse_job(json_body(raw), info, chat))
         try:
             stream = engine.add_request(job.request)
         except RequestTooLargeError as e:
@@ -190,6 +199,8 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
             if not collecting.done():  # the client went away, or the server stops: the request ends
                 collecting.cancel()
                 engine.abort(stream.id)
+                with contextlib.suppress(asyncio.CancelledError):  # cancel() only asks: wait until it has
+                    await collecting
         if collecting.cancelled():
             return Response(status_code=499)  # nobody is listening (nginx's "client closed request")
         return JSONResponse(collecting.result())
@@ -246,8 +257,23 @@ def create_app(engine: AsyncEngine, name: str, tokenizer, api_key: str | None = 
     return app
 
 
-async def json_body(request) -> object:
-    raw = await request.body()
+async def read_body(request, limit: int) -> bytes:
+    """The request's body, or a 413 as soon as it is known to exceed ``limit`` bytes: from its
+    Content-Length before a byte is read, or while it streams in."""
+    too_large = f"the request body is over this server's limit of {limit:,} bytes (serve --max-body-bytes)"
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, too_large, code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, too_large, code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def json_body(raw: bytes) -> object:
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -381,7 +407,7 @@ def run_server(options: ServerOptions) -> int:
     model, tokenizer = load_model(options.model, options.runtime_options())
     engine = AsyncEngine(Engine(model, options.engine_config()))
     warm_up(model, options.block_size)
-    app = create_app(engine, options.model, tokenizer, options.api_key)
+    app = create_app(engine, options.model, tokenizer, options.api_key, options.max_body_bytes)
     sock = bind(options.host, options.port)
     host = f"[{options.host}]" if ":" in options.host else options.host
     where = f"{model.device.type}, {str(model.dtype).removeprefix('torch.')}"

@@ -147,6 +147,7 @@ def _prompt_ids(body: dict, model: ModelInfo) -> list[int]:
     if prompt is None:
         raise APIError(400, "'prompt' is required: text, or a list of token ids", "prompt")
     if isinstance(prompt, str):
+        refuse_unfittable_text(len(prompt), model, "prompt")
         ids = model.tokenizer.encode(prompt)
         if not ids:
             raise APIError(400, "'prompt' is empty: it encodes to no token at all", "prompt")
@@ -161,6 +162,20 @@ def _prompt_ids(body: dict, model: ModelInfo) -> list[int]:
     except ValueError as e:
         raise APIError(400, f"'prompt' must be text or a list of token ids: {e}", "prompt") from None
     return ids
+
+
+def refuse_unfittable_text(chars: int, model: ModelInfo, field_name: str) -> None:
+    """A 400 for text that cannot fit the context however it tokenizes, before it is tokenized
+    (a 10 MB prompt would keep a worker busy for seconds): no token spans more than
+    ``max_token_chars`` characters; the factor 2 leaves room for a normalizer that shortens text."""
+    most = 2 * model.max_seq_len * model.tokenizer.max_token_chars
+    if chars > most:
+        message = (
+            f"'{field_name}' is {chars:,} characters: more than the context of {model.max_seq_len:,} tokens "
+            f"can hold (no token here spans more than {model.tokenizer.max_token_chars} characters), so it "
+            "was not tokenized"
+        )
+        raise APIError(400, message, field_name, "context_length_exceeded")
 
 
 def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
@@ -183,6 +198,7 @@ def _chat_ids(body: dict, model: ModelInfo) -> list[int]:
             param = f"messages[{i}].content"
             what = "a string or a list of text parts, each {'type': 'text', 'text': <string>}"
             raise APIError(400, f"'{param}' must be {what}, got {content!r:.80}", param)
+    refuse_unfittable_text(sum(len(message_text(m)) for m in messages), model, "messages")
     text = render_chat(model.tokenizer, [{"role": m["role"], "content": message_text(m)} for m in messages])
     return model.tokenizer.encode(text, add_special_tokens=False)
 

@@ -228,6 +228,101 @@ def test_a_client_that_goes_away_before_a_whole_answer_frees_its_blocks_too(live
     assert live.metric(ABORTED) == aborted + 1
 
 
+def test_a_non_streamed_disconnect_logs_no_error(live):
+    """The abort is the whole story: no traceback in the server's log (uvicorn's error logger)."""
+    import logging
+    import socket
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "uvicorn", "minillm")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        body = json.dumps({"model": NAME, "prompt": "x", "max_tokens": 470, "temperature": 0}).encode()
+        host, port = live.url.removeprefix("http://").split(":")
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        served = live.metric(ABORTED, missing=0.0)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            deadline = time.monotonic() + 10
+            while not live.metric("minillm_kv_blocks_used"):
+                assert time.monotonic() < deadline, "the request never started"
+                time.sleep(0.005)
+        live.wait_until_idle()
+        assert live.metric(ABORTED) == served + 1
+        time.sleep(0.2)  # the handler returns after the abort: give it the time to log, if it would
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert not records, [r.getMessage() for r in records]
+
+
+def test_a_large_body_holds_up_nobody(live):
+    """A 10 MB body is a 413 (refused from its Content-Length, or cut off while it streams in
+    without one), and a 3 MB prompt under the limit is refused before it is tokenized: while
+    they are sent over and over, /health and a small completion answer as fast as ever."""
+    big = json.dumps({"model": NAME, "prompt": "x " * 5_000_000}).encode()  # 10 MB
+    under = json.dumps({"model": NAME, "prompt": "y" * 3_000_000}).encode()
+    stop, statuses = threading.Event(), []
+
+    def flood():
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set() and len(statuses) < 200:
+                headers = {"Content-Type": "application/json"}
+                statuses.append(client.post(f"{live.url}/v1/completions", content=big, headers=headers).status_code)
+                chunks = (big[i : i + 2**20] for i in range(0, len(big), 2**20))  # no Content-Length: chunked
+                statuses.append(client.post(f"{live.url}/v1/completions", content=chunks, headers=headers).status_code)
+                statuses.append(client.post(f"{live.url}/v1/completions", content=under, headers=headers).status_code)
+
+    def slowest(call, n: int = 10) -> float:
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return max(times)
+
+    small = {"model": NAME, "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+    with httpx.Client(timeout=10) as client:
+
+        def health():
+            assert client.get(f"{live.url}/health").status_code == 200
+
+        def complete():
+            assert client.post(f"{live.url}/v1/completions", json=small).status_code == 200
+
+        quiet = max(slowest(health), slowest(complete))
+        thread = threading.Thread(target=flood, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 20
+            while len(statuses) < 3:
+                assert time.monotonic() < deadline and thread.is_alive(), "the flood never got an answer"
+                time.sleep(0.01)
+            busy = max(slowest(health), slowest(complete))
+        finally:
+            stop.set()
+            thread.join(30)
+    assert not thread.is_alive()
+    assert set(statuses[0::3]) == {413} and set(statuses[1::3]) == {413} and set(statuses[2::3]) == {400}
+    assert busy < quiet + 0.3, f"a large body delayed others: slowest {busy:.3f} s against {quiet:.3f} s quiet"
+
+
+def test_serve_reads_the_api_key_from_the_environment(monkeypatch, capsys):
+    from minillm.serving import http
+
+    seen = []
+    monkeypatch.setattr(http, "run_server", lambda options: seen.append(options) or 0)
+    monkeypatch.setenv(http.API_KEY_VARIABLE, "from-env")
+    assert run_main(["serve", "--model", "minillm-draft"], capsys)[0] == 0
+    assert run_main(["serve", "--model", "minillm-draft", "--api-key", "given"], capsys)[0] == 0
+    assert run_main(["serve", "--model", "minillm-draft", "--max-body-bytes", "1000"], capsys)[0] == 0
+    assert [o.api_key for o in seen] == ["from-env", "given", "from-env"]
+    assert [o.max_body_bytes for o in seen] == [http.MAX_BODY_BYTES, http.MAX_BODY_BYTES, 1000]
+
+
 def test_a_request_when_the_engine_is_not_running_is_a_503(checkpoint):
     """Shut down (or its loop gone): the engine refuses the request, the client gets an OpenAI
     error object with a 503, never a request left waiting."""
@@ -352,6 +447,9 @@ BAD = [
     ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi " * 160}]}, 400, "messages", "KV pool"),
     ("/v1/nowhere", {"prompt": "hi"}, 404, None, "no route POST /v1/nowhere"),
+    ("/v1/completions", {"prompt": "x" * 2_000_000}, 400, "prompt", "was not tokenized"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 2_000_000}]}, 400, "messages", "context"),
+    ("/v1/completions", {"prompt": "x" * 5_000_000}, 413, None, "limit of 4,194,304 bytes"),
 ]
 
 
@@ -389,7 +487,17 @@ def test_an_api_key_is_required_when_set(checkpoint, monkeypatch):
         r = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer s3cret"}, timeout=10)
         assert r.status_code == 200 and hops == [], "the key check must not cost each request a thread hop"
         body = {"prompt": "hi", "max_tokens": 2}
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+        for scheme in ("bearer", "BEARER"):  # the scheme is case-insensitive (RFC 9110)
+            r = httpx.post(
+                f"{url}/v1/completions", json=body, headers={"Authorization": f"{scheme} s3cret"}, timeout=10
+            )
+            assert r.status_code == 200, r.text
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "s3cret"},
+            {"Authorization": "Basic s3cret"},
+        ):
             r = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=10)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
             error = r.json()["error"]
