@@ -9,10 +9,16 @@ Extensions, as vLLM names them: ``top_k``, ``ignore_eos`` (stop only at ``max_to
 ``return_token_ids`` (each choice carries the ids); and ``return_engine_timing``: the answer's
 last chunk carries the engine's own clock for the request (each token's time since it arrived),
 so that a client can put its own latencies beside the engine's.
+
+Strict: a field this server does not read is a 400 naming it (with the closest known name), and
+a field it knows but does not implement (``UNSUPPORTED``) is a 400 unless it has its default
+value; nothing sent is silently ignored, except what cannot change an answer (``NOT_APPLICABLE``:
+``user``, ``metadata``, ...).
 """
 
 from __future__ import annotations
 
+import difflib
 import time
 import uuid
 from collections.abc import Callable
@@ -38,6 +44,28 @@ UNSUPPORTED = {
     "logit_bias": ({},),
     "frequency_penalty": (0,),
     "presence_penalty": (0,),
+    "repetition_penalty": (1,),
+    "min_p": (0,),
+    "min_tokens": (0,),
+    "stop_token_ids": ([],),
+    "include_stop_str_in_output": (False,),
+    "response_format": ({"type": "text"},),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "prediction": (None,),
+    "audio": (None,),
+    "modalities": (["text"],),
+}
+# Fields read from a request's body, by endpoint; any other field is a 400 that names it (a typo such
+# as "max_token" would otherwise quietly give the default). Fields the answer cannot depend on here
+# (who the user is, what to store or bill) are accepted as they are.
+NOT_APPLICABLE = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort")
+COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options")
+COMMON_FIELDS += ("ignore_eos", "return_token_ids", "return_engine_timing", *UNSUPPORTED, *NOT_APPLICABLE)
+FIELDS = {
+    False: frozenset((*COMMON_FIELDS, "prompt")),
+    True: frozenset((*COMMON_FIELDS, "messages", "max_completion_tokens")),
 }
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default
 
@@ -246,6 +274,15 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
             f"the model {name!r} does not exist here; this server serves {model.name!r}",
             "model",
             "model_not_found",
+        )
+    unknown = sorted(set(body) - FIELDS[chat])
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], FIELDS[chat], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        what = "chat completions" if chat else "completions"
+        names = ", ".join(repr(k) for k in unknown)
+        raise APIError(
+            400, f"unknown field{'s' if len(unknown) > 1 else ''} {names} in a {what} request{hint}", unknown[0]
         )
     for key, accepted in UNSUPPORTED.items():
         if body.get(key) is not None and body[key] not in accepted:
