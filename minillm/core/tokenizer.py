@@ -128,11 +128,12 @@ class StreamDecoder:
 class TextStream:
     """Token ids in, text out, cut at the first stop string. Text that could still become the
     start of a stop string (the longest end of it that begins one) is held back until it cannot,
-    or the answer ends."""
+    or the answer ends. With ``include_stop``, the stop string itself ends the text."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = (), include_stop: bool = False):
         self.decoder = StreamDecoder(tokenizer)
         self.stop, self.longest = stop, max((len(s) for s in stop), default=0)
+        self.include_stop = include_stop
         self.text, self.sent, self.stopped = "", 0, False
 
     def push(self, token: int) -> str:
@@ -146,9 +147,10 @@ class TextStream:
     def _release(self, final: bool) -> str:
         if self.stopped:
             return ""
-        hits = [i for i in (self.text.find(s, self.sent) for s in self.stop) if i >= 0]
+        hits = [(i, len(s)) for i, s in ((self.text.find(s, self.sent), s) for s in self.stop) if i >= 0]
         if hits:
-            self.stopped, end = True, min(hits)
+            at, length = min(hits)
+            self.stopped, end = True, at + length if self.include_stop else at
         else:
             end = len(self.text) if final else len(self.text) - self._may_begin_a_stop()
         piece, self.sent = self.text[self.sent : end], end

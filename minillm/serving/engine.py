@@ -50,6 +50,7 @@ from ..core.prompts import check_vocabulary
 from ..core.sampling import sample
 from ..kv.paged import BlockManager, KVPool, PagedKVBatch
 from ..measure.metrics import RequestMetrics
+from .logits import ban
 from .scheduler import Scheduler, SchedulerConfig, SequenceState, Work
 from .step_cost import StepCost, StepRecord, fit_step_cost  # noqa: F401 (fit_step_cost: importable from here too)
 from .workload import Request
@@ -164,6 +165,7 @@ class Engine:
             )
         try:
             check_vocabulary([request.prompt], self.model.config.vocab_size)
+            request.adjust.check_vocabulary(self.model.config.vocab_size)
         except ValueError as e:
             raise ValueError(f"request {request.id}: {e}") from None
 
@@ -310,10 +312,22 @@ class Engine:
         for i, (w, d) in enumerate(zip(work, done)):
             r = w.seq.request
             try:
-                out.append(int(sample(logits[i : i + 1], r.params, self._generators[r.id])) if d else None)
+                row = self._adjusted(logits[i : i + 1], w.seq) if d else None
+                out.append(int(sample(row, r.params, self._generators[r.id])) if d else None)
             except Exception as e:  # confined to this row's request (see _advance)
                 out.append(e)
         return out, fed
+
+    @staticmethod
+    def _adjusted(logits: Tensor, seq: SequenceState) -> Tensor:
+        """One request's logits (1, V) as it asked: penalties, biases and min_p, and its stop ids
+        banned while it has fewer than ``min_tokens`` outputs."""
+        r = seq.request
+        if r.adjust.active:
+            logits = r.adjust.apply(logits, seq.tokens, len(r.prompt), r.params.temperature)
+        if r.stop_ids and len(seq.outputs) < r.min_tokens:
+            logits = ban(logits, r.stop_ids)
+        return logits
 
     def _advance(self, work: list[Work], tokens: list[int | Exception | None]) -> list[RequestOutput]:
         finished = []

@@ -3,7 +3,9 @@ checked ``Job`` (an engine ``Request`` plus what the answer needs) out, or an ``
 names the field; and the JSON of answers, streamed chunks and errors.
 
 Supported: ``POST /v1/completions`` (``prompt`` as text or token ids, ``max_tokens``,
-``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stream``, ``stream_options``) and
+``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stream``, ``stream_options``,
+``presence_penalty``, ``frequency_penalty``, ``logit_bias``; vLLM's ``repetition_penalty``,
+``min_p``, ``min_tokens``, ``stop_token_ids``, ``include_stop_str_in_output``) and
 ``POST /v1/chat/completions`` (``messages``, rendered with the checkpoint's chat template).
 Extensions, as vLLM names them: ``top_k``, ``ignore_eos`` (stop only at ``max_tokens``),
 ``return_token_ids`` (each choice carries the ids); and ``return_engine_timing``: the answer's
@@ -29,6 +31,7 @@ from ..core.prompts import check_vocabulary, token_rows
 from ..core.sampling import SamplingParams
 from ..core.tokenizer import TextStream, Tokenizer
 from .async_engine import RequestStream
+from .logits import LogitAdjustments
 from .workload import Request
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -41,14 +44,6 @@ UNSUPPORTED = {
     "top_logprobs": (0,),
     "suffix": ("",),
     "tools": ([],),
-    "logit_bias": ({},),
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
-    "repetition_penalty": (1,),
-    "min_p": (0,),
-    "min_tokens": (0,),
-    "stop_token_ids": ([],),
-    "include_stop_str_in_output": (False,),
     "response_format": ({"type": "text"},),
     "tool_choice": ("none",),
     "functions": ([],),
@@ -57,12 +52,14 @@ UNSUPPORTED = {
     "audio": (None,),
     "modalities": (["text"],),
 }
+ADJUSTMENTS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")  # serving.logits
 # Fields read from a request's body, by endpoint; any other field is a 400 that names it (a typo such
 # as "max_token" would otherwise quietly give the default). Fields the answer cannot depend on here
 # (who the user is, what to store or bill) are accepted as they are.
 NOT_APPLICABLE = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort")
 COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options")
 COMMON_FIELDS += ("ignore_eos", "return_token_ids", "return_engine_timing", *UNSUPPORTED, *NOT_APPLICABLE)
+COMMON_FIELDS += (*ADJUSTMENTS, "logit_bias", "min_tokens", "stop_token_ids", "include_stop_str_in_output")
 FIELDS = {
     False: frozenset((*COMMON_FIELDS, "prompt")),
     True: frozenset((*COMMON_FIELDS, "messages", "max_completion_tokens")),
@@ -119,6 +116,7 @@ class Job:
     chat: bool  # /v1/chat/completions: answers are messages, chunks are deltas
     stream: bool = False
     stop: tuple[str, ...] = ()
+    include_stop: bool = False  # include_stop_str_in_output: the stop string ends the text
     include_usage: bool = False  # streamed: a last chunk with the token counts
     return_token_ids: bool = False
     return_engine_timing: bool = False
@@ -155,6 +153,33 @@ def _sampling(body: dict, temperature_default: float = 1.0) -> SamplingParams:
         except ValueError as e:
             raise APIError(400, str(e), name) from None
     return SamplingParams(**values)
+
+
+def _adjustments(body: dict) -> LogitAdjustments:
+    """Penalties, logit_bias and min_p (``serving.logits``), each named when wrong."""
+    values = {name: body[name] for name in ADJUSTMENTS if body.get(name) is not None}
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict) or not all(isinstance(k, str) and k.isdigit() for k in bias):
+            message = f"'logit_bias' must map token ids (as strings) to numbers in [-100, 100], got {bias!r:.60}"
+            raise APIError(400, message, "logit_bias")
+        values["logit_bias"] = tuple((int(k), v) for k, v in bias.items())
+    try:
+        return LogitAdjustments(**values)
+    except ValueError as e:
+        name = str(e).split(" ")[0].split("[")[0]
+        raise APIError(400, str(e), name if name in body else None) from None
+
+
+def _stop_token_ids(body: dict, model: ModelInfo) -> tuple[int, ...]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return ()
+    bad = not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    if bad or any(not 0 <= i < model.vocab_size for i in ids):
+        message = f"'stop_token_ids' must be a list of token ids below {model.vocab_size}, got {ids!r:.60}"
+        raise APIError(400, message, "stop_token_ids")
+    return tuple(ids)
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -316,12 +341,22 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
     ignore_eos = _get(body, "ignore_eos", (bool,), False, "true or false")
     stream = _get(body, "stream", (bool,), False, "true or false")
     options = _get(body, "stream_options", (dict,), {}, "an object")
-    request = Request(ids, max_tokens, params=_sampling(body), stop_ids=() if ignore_eos else model.eos_ids)
+    min_tokens = _get(body, "min_tokens", (int,), 0, "an integer >= 0")
+    if not 0 <= min_tokens <= max_tokens:
+        raise APIError(400, f"'min_tokens' must be in [0, {limit}={max_tokens}], got {min_tokens}", "min_tokens")
+    stop_ids = (() if ignore_eos else model.eos_ids) + _stop_token_ids(body, model)
+    adjust = _adjustments(body)
+    try:
+        adjust.check_vocabulary(model.vocab_size)
+    except ValueError as e:
+        raise APIError(400, str(e), "logit_bias") from None
+    request = Request(ids, max_tokens, params=_sampling(body), stop_ids=stop_ids, min_tokens=min_tokens, adjust=adjust)
     return Job(
         request=request,
         chat=chat,
         stream=stream,
         stop=_stop(body),
+        include_stop=_get(body, "include_stop_str_in_output", (bool,), False, "true or false"),
         include_usage=bool(options.get("include_usage")) and stream,
         return_token_ids=_get(body, "return_token_ids", (bool,), False, "true or false"),
         return_engine_timing=_get(body, "return_engine_timing", (bool,), False, "true or false"),
@@ -399,7 +434,7 @@ async def answer(job: Job, stream: RequestStream, abort: Callable[[int, str], No
     """The answer to ``job`` as ``Piece``s, from its engine stream. A stop string ends it (the
     request is ended with reason "stop", its blocks freed: a normal finish in /metrics); leaving
     early, a client that goes away, aborts it."""
-    text = TextStream(tokenizer, job.stop)
+    text = TextStream(tokenizer, job.stop, job.include_stop)
     done = False
     try:
         async for delta in stream:

@@ -22,6 +22,7 @@ import numpy as np
 from ..core.prompts import token_id_tuple, token_rows
 from ..core.sampling import SamplingParams
 from ..measure.arrivals import poisson_arrivals
+from .logits import LogitAdjustments
 
 TRACE_FIELDS = ("arrival", "prompt_len", "output_len")
 
@@ -31,7 +32,9 @@ class Request:
     """One request to the engine: generate ``max_tokens`` tokens after ``prompt``.
 
     ``arrival`` is seconds on the engine's clock; generation stops early only at one of
-    ``stop_ids`` (none by default, as ``generate(..., eos_token_id=None)``).
+    ``stop_ids`` (none by default, as ``generate(..., eos_token_id=None)``), and not before
+    ``min_tokens`` outputs (the stop ids are banned until then). ``adjust`` holds the penalties,
+    biases and min_p applied to its logits before sampling (``serving.logits``).
     """
 
     prompt: list[int]
@@ -40,6 +43,8 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     stop_ids: tuple[int, ...] = ()
     id: int | None = None  # the engine numbers requests that come without one
+    min_tokens: int = 0
+    adjust: LogitAdjustments = field(default_factory=LogitAdjustments)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -66,12 +71,20 @@ class Request:
         self.stop_ids = token_id_tuple(self.stop_ids, "stop_ids")
         if self.id is not None and (isinstance(self.id, bool) or not isinstance(self.id, int) or self.id < 0):
             raise ValueError(f"id must be a non-negative integer or None, got {self.id!r}")
+        m = self.min_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {m!r}")
+        if not isinstance(self.adjust, LogitAdjustments):
+            raise ValueError(f"adjust must be a LogitAdjustments, got {type(self.adjust).__name__}")
 
 
 def copy_requests(requests: Sequence[Request]) -> list[Request]:
     """Fresh copies (an engine numbers and consumes its requests), with everything a request says:
-    prompt, length, arrival, sampling parameters, stop ids and id."""
-    return [Request(list(r.prompt), r.max_tokens, r.arrival, r.params, r.stop_ids, r.id) for r in requests]
+    prompt, length, arrival, sampling parameters, stop ids, id, minimum length and adjustments."""
+    return [
+        Request(list(r.prompt), r.max_tokens, r.arrival, r.params, r.stop_ids, r.id, r.min_tokens, r.adjust)
+        for r in requests
+    ]
 
 
 def number_requests(requests: list[Request]) -> list[Request]:

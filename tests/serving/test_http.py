@@ -134,6 +134,94 @@ def test_stop_strings_stop(live, stream):
     assert live.metric(STOPPED) == before[STOPPED] + 1 and live.metric(ABORTED, missing=0.0) == before[ABORTED]
 
 
+def adjusted_greedy(model, ids: list[int], n: int, repetition=1.0, presence=0.0, frequency=0.0) -> list[int]:
+    """The reference: a whole forward per token, the penalties written out from their definitions."""
+    tokens = list(ids)
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens]))[0, -1].float()
+        for t in set(tokens):  # CTRL's repetition penalty, over prompt and output
+            logits[t] = logits[t] / repetition if logits[t] > 0 else logits[t] * repetition
+        out = tokens[len(ids) :]
+        for t in set(out):  # OpenAI's presence and frequency penalties, over the output
+            logits[t] -= presence + frequency * out.count(t)
+        tokens.append(int(logits.argmax()))
+    return tokens[len(ids) :]
+
+
+@pytest.mark.parametrize(
+    "penalties",
+    [{"repetition_penalty": 1.5}, {"frequency_penalty": 1.0}, {"presence_penalty": 1.5}],
+    ids=["repetition", "frequency", "presence"],
+)
+def test_penalties_change_greedy_tokens_as_defined(live, penalties):
+    ids = live.tokenizer.encode(PROMPT)
+    names = {"repetition_penalty": "repetition", "frequency_penalty": "frequency", "presence_penalty": "presence"}
+    expected = adjusted_greedy(live.model, ids, 24, **{names[k]: v for k, v in penalties.items()})
+    assert expected != live.greedy(ids, 24), "the penalty should change this prompt's answer"
+    r = live.client.completions.create(
+        model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"return_token_ids": True, **penalties}
+    )
+    assert r.choices[0].model_extra["token_ids"] == expected
+
+
+def test_logit_bias_bans_and_forces_tokens(live):
+    ids = live.tokenizer.encode(PROMPT)
+    first = live.greedy(ids, 1)[0]
+    extra = {"return_token_ids": True}
+
+    def tokens(**kwargs) -> list[int]:
+        r = live.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, temperature=0, **kwargs)
+        return r.choices[0].model_extra["token_ids"]
+
+    assert tokens(logit_bias={str(first): -100}, extra_body=extra)[0] != first
+    assert tokens(logit_bias={"7": 100}, extra_body=extra) == [7] * 6
+
+
+def test_min_p_samples_only_likely_tokens(live):
+    ids = live.tokenizer.encode(PROMPT)
+    r = live.client.completions.create(
+        model=NAME,
+        prompt=PROMPT,
+        max_tokens=30,
+        temperature=1.0,
+        seed=3,
+        extra_body={"min_p": 0.3, "return_token_ids": True},
+    )
+    out = r.choices[0].model_extra["token_ids"]
+    with torch.no_grad():
+        probs = live.model(torch.tensor([ids + out]))[0, len(ids) - 1 : -1].float().softmax(-1)
+    chosen = probs[torch.arange(len(out)), torch.tensor(out)]
+    assert (chosen >= 0.3 * probs.max(-1).values - 1e-6).all()
+    plain = live.client.completions.create(
+        model=NAME, prompt=PROMPT, max_tokens=30, temperature=1.0, seed=3, extra_body={"return_token_ids": True}
+    ).choices[0]
+    assert plain.model_extra["token_ids"] != out, "at temperature 1, min_p 0.3 should drop some tokens drawn without it"
+
+
+def test_stop_token_ids_stop_and_min_tokens_holds_them_off(live):
+    ids = live.tokenizer.encode(PROMPT)
+    greedy = live.greedy(ids, 8)
+
+    def answer(**extra):
+        r = live.client.completions.create(
+            model=NAME, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"return_token_ids": True, **extra}
+        )
+        return r.choices[0].model_extra["token_ids"], r.choices[0].finish_reason
+
+    assert answer(stop_token_ids=[greedy[2]]) == (greedy[: greedy.index(greedy[2]) + 1], "stop")
+    held, _ = answer(stop_token_ids=[greedy[0]], min_tokens=4)
+    assert len(held) >= 4 and greedy[0] not in held[:4]
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(live):
+    full = live.tokenizer.decode(live.greedy(live.tokenizer.encode(PROMPT), 40))
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    kwargs = dict(model=NAME, prompt=PROMPT, max_tokens=60, temperature=0, stop=[stop])
+    kept = live.client.completions.create(extra_body={"include_stop_str_in_output": True}, **kwargs).choices[0]
+    assert kept.text == full[: full.index(stop) + len(stop)] and kept.finish_reason == "stop"
+
+
 def test_chat_completion_renders_the_template(live):
     messages = [{"role": "user", "content": "Add two numbers."}]
     ids = live.tokenizer.encode(render_chat(live.tokenizer, messages), add_special_tokens=False)
@@ -437,10 +525,15 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n", "not supported"),
     ("/v1/completions", {"prompt": "hi", "max_token": 40}, 400, "max_token", "did you mean 'max_tokens'"),
     ("/v1/completions", {"prompt": "hi", "messages": []}, 400, "messages", "unknown field 'messages'"),
-    ("/v1/completions", {"prompt": "hi", "repetition_penalty": 1.2}, 400, "repetition_penalty", "not supported"),
-    ("/v1/completions", {"prompt": "hi", "min_tokens": 5}, 400, "min_tokens", "not supported"),
-    ("/v1/completions", {"prompt": "hi", "min_p": 0.1}, 400, "min_p", "not supported"),
-    ("/v1/completions", {"prompt": "hi", "stop_token_ids": [3]}, 400, "stop_token_ids", "not supported"),
+    ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", "(0, 100]"),
+    ("/v1/completions", {"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty", "[-2, 2]"),
+    ("/v1/completions", {"prompt": "hi", "frequency_penalty": "1"}, 400, "frequency_penalty", "[-2, 2]"),
+    ("/v1/completions", {"prompt": "hi", "min_p": 1.5}, 400, "min_p", "[0, 1]"),
+    ("/v1/completions", {"prompt": "hi", "min_tokens": 20}, 400, "min_tokens", "max_tokens=16"),
+    ("/v1/completions", {"prompt": "hi", "stop_token_ids": [99999]}, 400, "stop_token_ids", "token ids below"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias", "token ids (as strings)"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"99999": 1}}, 400, "logit_bias", "outside the vocabulary"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias", "[-100, 100]"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}, 404, "model", "'gpt-9' does not exist"),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", "'messages' is required"),
     ("/v1/chat/completions", {"messages": [], "prompt": "hi"}, 400, "prompt", "unknown field 'prompt'"),
