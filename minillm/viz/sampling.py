@@ -43,23 +43,6 @@ def sampling_grid(logits: torch.Tensor, labels: Sequence[str], settings: Sequenc
     return finish(fig)
 
 
-def sampling_rows(logits: torch.Tensor, labels: Sequence[str], settings: Sequence[dict]) -> list[dict]:
-    """The numbers behind ``sampling_grid``, a row per setting: how many of the tokens it keeps
-    and the probability it gives each of the two most likely ones."""
-    rows = []
-    for kw in settings:
-        probs = probabilities(logits.float(), SamplingParams(**kw))
-        rows.append(
-            {
-                "setting": describe(kw),
-                "tokens kept": int((probs > 0).sum()),
-                f"p({labels[0]})": float(probs[0]),
-                f"p({labels[1]})": float(probs[1]),
-            }
-        )
-    return rows
-
-
 def describe(kw: dict) -> str:
     if kw.get("temperature", 0) == 0:
         return "greedy"
