@@ -10,7 +10,7 @@ import torch
 
 from ..core.generate import generate
 from ..measure.report import format_table
-from ..measure.roofline import Roofline, forward_cost
+from ..measure.roofline import DATASHEETS, Roofline, datasheet_rows, forward_cost
 from ..measure.timing import repeat
 
 
@@ -82,19 +82,80 @@ def measure_phases(
     return rows
 
 
+class Sig3(float):
+    """A number that a table (``format_table``) shows to three significant digits, and whole
+    from 100 up: 0.320, 4.80, 16.1, 203, 1,117. Still a float for every other use."""
+
+    def __format__(self, spec: str) -> str:
+        value = float(self)
+        if value != value:
+            text = "-"
+        elif value == 0:
+            text = "0"
+        else:
+            text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:#.3g}"
+        try:  # a width and an alignment (f"{x:>7}") apply to the text
+            return format(text, spec)
+        except ValueError:  # a number's own spec (a table's ",.2f"): the three digits win
+            return text
+
+    def __str__(self) -> str:
+        return format(self, "")
+
+
+def sig3(value: float | None) -> Sig3:
+    """``value`` as a ``Sig3``; None (no such figure) becomes NaN, which a table prints as a
+    dash and still aligns with the numbers of its column."""
+    return Sig3("nan" if value is None else value)
+
+
 def format_phases(rows: list[dict], title: str) -> str:
-    """``measure_phases`` rows as a table in readable units."""
+    """``measure_phases`` rows as a table in readable units, three significant digits."""
     table = [
         {
             "phase": r["phase"],
             "batch": r["batch"],
-            "ms": 1e3 * r["seconds"],
-            "tokens/s": r["tokens_per_s"],
-            "FLOP/byte": r["intensity"],
-            "GFLOP/s": r["flops_per_s"] / 1e9,
-            "GB/s": r["bytes_per_s"] / 1e9,
-            "MFU %": 100 * r["mfu"],
-            "MBU %": 100 * r["mbu"],
+            "ms": sig3(1e3 * r["seconds"]),
+            "tokens/s": sig3(r["tokens_per_s"]),
+            "FLOP/byte": sig3(r["intensity"]),
+            "GFLOP/s": sig3(r["flops_per_s"] / 1e9),
+            "GB/s": sig3(r["bytes_per_s"] / 1e9),
+            "MFU %": sig3(100 * r["mfu"]),
+            "MBU %": sig3(100 * r["mbu"]),
+        }
+        for r in rows
+    ]
+    return format_table(table, title=title)
+
+
+def format_datasheets(title: str, accelerators=DATASHEETS) -> str:
+    """The datasheet figures of chapter 3 (``datasheet_rows``) under headers in words, three
+    significant digits for the ridge and bandwidth (memory and FLOP/s as the datasheets give
+    them)."""
+    table = [
+        {
+            "accelerator": r["accelerator"],
+            "memory (GB)": r["memory_gb"],
+            "bandwidth (TB/s)": sig3(r["bandwidth_tb_s"]),
+            "TFLOP/s (16-bit)": r["tflops_16bit"],
+            "ridge (FLOP/byte)": sig3(r["ridge"]),
+        }
+        for r in datasheet_rows(accelerators)
+    ]
+    return format_table(table, title=title)
+
+
+def format_chooser(rows: list[dict], title: str) -> str:
+    """``accelerator_chooser`` rows under short headers in words, three significant digits; a
+    figure that does not exist (the weights do not fit, no price) is a dash."""
+    table = [
+        {
+            "accelerator": r["accelerator"],
+            "weights (GB)": sig3(r["weights_gb"]),
+            "fits": r["fits"],
+            "tokens/s (ceiling)": sig3(r["tokens_per_s"]),
+            "$/hour (assumed)": r["dollars_per_hour"],
+            "$/1M tokens": sig3(r["dollars_per_1m_tokens"]),
         }
         for r in rows
     ]

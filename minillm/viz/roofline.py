@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..measure.roofline import Roofline
-from .style import WIDTH_IN, finish, tidy
+from .style import WIDTH_IN, finish, legend_under, tidy
 
 
 def plot_roofline(
@@ -28,9 +28,10 @@ def plot_roofline(
         y = roof.attainable(intensity) if achieved is None else achieved
         ax.plot(intensity, y, "o", ms=7, label=label)
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="FLOP/s", title=title)
-    ax.legend(fontsize=8, loc="lower right")
-    if own:
+    if own:  # under the axes, clear of the roof and the points, at the book's legend size
+        legend_under(ax.figure, ax, ncol=3 if len(points) + 2 > 4 else 2)
         finish(ax.figure)
-    else:
+    else:  # the caller's axes: the corner matplotlib finds emptiest
+        ax.legend(fontsize=8, loc="best")
         tidy(ax.figure)
     return ax
