@@ -4,7 +4,7 @@
     curl -N localhost:8000/v1/completions -H 'Content-Type: application/json' \\
          -d '{"prompt": "def add(a, b):", "max_tokens": 32, "stream": true}'
 
-Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (for checkpoints with a chat
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (with the checkpoint's chat
 template), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). With an API key,
 every ``/v1`` request needs ``Authorization: Bearer KEY`` (the scheme in any case). A body
 over the size limit is a 413, and a large one never stalls the others. Bad input is a 4xx with an OpenAI

@@ -29,6 +29,13 @@ from . import corpus
 
 TOKENIZER_DIR = BUNDLED_DIR.parent / "data" / "tokenizer"
 VOCAB_SIZE = 4096
+# A minimal chat template, so that chat clients can talk to the bundled models: they were trained on
+# documentation and source, never on dialogues, so their answers read like their corpus, not like
+# an assistant's. Each message is "role: content" on its own line after the document separator.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def train_tokenizer(vocab_size: int = VOCAB_SIZE, out_dir: Path = TOKENIZER_DIR) -> Tokenizer:
@@ -49,7 +56,7 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE, out_dir: Path = TOKENIZER_DIR)
         single=f"{corpus.EOT} $A", pair=f"{corpus.EOT} $A {corpus.EOT} $B", special_tokens=[(corpus.EOT, eot)]
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    wrapped = Tokenizer(tok, bos_token=corpus.EOT, eos_token=corpus.EOT)
+    wrapped = Tokenizer(tok, bos_token=corpus.EOT, eos_token=corpus.EOT, chat_template=CHAT_TEMPLATE)
     wrapped.save(out_dir)
     return wrapped
 

@@ -222,6 +222,23 @@ def test_include_stop_str_in_output_keeps_the_stop_string(live):
     assert kept.text == full[: full.index(stop) + len(stop)] and kept.finish_reason == "stop"
 
 
+def test_a_bundled_model_answers_chat_clients(capsys):
+    """The bundled models carry a minimal chat template (training.train.CHAT_TEMPLATE): a chat
+    client's request is rendered with it and answered with the greedy tokens of that prompt."""
+    model, tokenizer = minillm.load("minillm-draft")
+    engine = make_engine(model)
+    messages = [{"role": "system", "content": "Answer in Python."}, {"role": "user", "content": "Read a file."}]
+    prompt = render_chat(tokenizer, messages)
+    assert prompt == "<|endoftext|>system: Answer in Python.\nuser: Read a file.\nassistant:"
+    expected = minillm.generate(model, tokenizer.encode(prompt, add_special_tokens=False), 12, eos_token_id=None)
+    with LiveServer(create_app(engine, "minillm-draft", tokenizer), engine) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+        r = client.chat.completions.create(
+            model="minillm-draft", messages=messages, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        )
+    assert r.choices[0].message.content == tokenizer.decode(expected.tokens[0].tolist())
+
+
 def test_chat_completion_renders_the_template(live):
     messages = [{"role": "user", "content": "Add two numbers."}]
     ids = live.tokenizer.encode(render_chat(live.tokenizer, messages), add_special_tokens=False)
