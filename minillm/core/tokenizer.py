@@ -4,6 +4,7 @@ the first stop string, as an API's ``stop`` asks)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from pathlib import Path
@@ -64,6 +65,30 @@ class Tokenizer:
         more characters of text (a byte-level or byte-fallback token's string is at least as long
         as the text it decodes to), so a text of n characters needs at least n / this tokens."""
         return max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
+
+    @functools.cached_property
+    def _byte_level(self) -> dict[str, int] | None:
+        """For a byte-level BPE (GPT-2's scheme: each byte spelled by one printable character), the
+        character -> byte table; None for other tokenizers."""
+        if type(self._tok.decoder).__name__ != "ByteLevel":
+            return None
+        printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+        rest = [b for b in range(256) if b not in printable]
+        chars = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(rest)}
+        return chars
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, which need not be whole UTF-8 characters: a byte-level
+        token read through its alphabet, a byte-fallback token (``<0x0A>``) as its byte, any other
+        as its decoded text."""
+        piece = self._tok.id_to_token(int(token_id))
+        table = self._byte_level
+        if piece is not None and table is not None and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        if piece is not None and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            with contextlib.suppress(ValueError):
+                return bytes([int(piece[3:5], 16)])
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; the tokenizer's own template decides whether a BOS is added."""

@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 from .engine import Engine, RequestOutput
+from .logits import TokenLogprob
 from .workload import Request
 
 STEP_LOG_KEPT = 4096  # steps of Engine.step_log a long-running server keeps (it would grow forever)
@@ -53,6 +54,7 @@ class TokenDelta:
     times: tuple[float, ...] = ()
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked for them
 
     @property
     def finished(self) -> bool:
@@ -306,19 +308,20 @@ class AsyncEngine:
         for seq in self.engine.scheduler.running:
             stream = self._streams.get(seq.id)
             if stream is not None and len(seq.outputs) > stream.sent:
-                deltas.append((stream, self._delta(stream, seq.outputs, seq.token_times)))
+                logprobs = self.engine.logprobs_so_far(seq.id)
+                deltas.append((stream, self._delta(stream, seq.outputs, seq.token_times, logprobs=logprobs)))
         for out in finished:
             stream = self._streams.get(out.request.id)
             self.engine.outputs.pop(out.request.id, None)  # a server's engine keeps no history
             if stream is not None:
-                deltas.append(
-                    (stream, self._delta(stream, out.tokens, out.metrics.token_times, out.finish_reason, out.error))
-                )
+                times, logprobs = out.metrics.token_times, out.logprobs or ()
+                deltas.append((stream, self._delta(stream, out.tokens, times, out.finish_reason, out.error, logprobs)))
         self._deliver(deltas)
 
     @staticmethod
-    def _delta(stream: RequestStream, tokens, times, reason: str | None = None, error: str | None = None):
-        return TokenDelta(tuple(tokens[stream.sent :]), tuple(times[stream.sent :]), reason, error)
+    def _delta(stream: RequestStream, tokens, times, reason=None, error=None, logprobs=()) -> TokenDelta:
+        n = stream.sent
+        return TokenDelta(tuple(tokens[n:]), tuple(times[n:]), reason, error, tuple(logprobs[n:]))
 
     def _deliver(self, deltas: list[tuple[RequestStream, TokenDelta]]) -> None:
         """Count, snapshot the engine, then publish: a caller who sees its request end sees its

@@ -50,7 +50,7 @@ from ..core.prompts import check_vocabulary
 from ..core.sampling import sample
 from ..kv.paged import BlockManager, KVPool, PagedKVBatch
 from ..measure.metrics import RequestMetrics
-from .logits import ban
+from .logits import TokenLogprob, ban, token_logprob
 from .scheduler import Scheduler, SchedulerConfig, SequenceState, Work
 from .step_cost import StepCost, StepRecord, fit_step_cost  # noqa: F401 (fit_step_cost: importable from here too)
 from .workload import Request
@@ -101,6 +101,7 @@ class RequestOutput(TimedTokens):
     preemptions: int
     finish_reason: str = "length"  # "length" (max_tokens reached), "stop" (a stop id), "error"
     error: str | None = None  # what went wrong while serving this request (finish_reason "error")
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
 
     def token_lists(self) -> list[list[int]]:
         return [list(self.tokens)]
@@ -141,6 +142,7 @@ class Engine:
         self.step_log: list[StepRecord] = []
         self._pending: list[tuple[float, int, Request]] = []  # heap by arrival
         self._generators: dict[int, torch.Generator | None] = {}
+        self._logprobs: dict[int, list[TokenLogprob]] = {}  # of the requests that asked, token by token
         self.outputs: dict[int, RequestOutput] = {}  # finished requests by id
         self._live: set[int] = set()  # ids of the requests added and not finished
         self._next_id = 0
@@ -201,6 +203,7 @@ class Engine:
             if seq.id == request_id:
                 self.scheduler.abort(seq)
         self._generators.pop(request_id, None)
+        self._logprobs.pop(request_id, None)
         return True
 
     def _admit_arrivals(self) -> list[RequestOutput]:
@@ -216,6 +219,10 @@ class Engine:
                 continue
             self.scheduler.add(seq)
         return failed
+
+    def logprobs_so_far(self, request_id: int) -> list[TokenLogprob]:
+        """The log-probabilities of a running request's tokens so far (empty if it asked for none)."""
+        return self._logprobs.get(request_id, [])
 
     def _fail(self, seq: SequenceState, error: Exception, scheduled: bool = True) -> RequestOutput:
         """End one request with an error (its blocks freed at once); the engine serves the others."""
@@ -312,8 +319,13 @@ class Engine:
         for i, (w, d) in enumerate(zip(work, done)):
             r = w.seq.request
             try:
-                row = self._adjusted(logits[i : i + 1], w.seq) if d else None
-                out.append(int(sample(row, r.params, self._generators[r.id])) if d else None)
+                if not d:
+                    out.append(None)
+                    continue
+                token = int(sample(self._adjusted(logits[i : i + 1], w.seq), r.params, self._generators[r.id]))
+                if r.logprobs is not None:  # of the model's own logits, before the request's adjustments
+                    self._logprobs.setdefault(r.id, []).append(token_logprob(logits[i], token, r.logprobs))
+                out.append(token)
             except Exception as e:  # confined to this row's request (see _advance)
                 out.append(e)
         return out, fed
@@ -361,11 +373,12 @@ class Engine:
     def _output(self, seq: SequenceState, finish_reason: str | None = None) -> RequestOutput:
         r = seq.request
         self._generators.pop(r.id, None)  # a finished request never samples again
+        logprobs = self._logprobs.pop(r.id, []) if r.logprobs is not None else None
         self._live.discard(r.id)
         metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
         out = seq.outputs
         reason = finish_reason or ("stop" if out and out[-1] in r.stop_ids else "length")
-        self.outputs[r.id] = RequestOutput(r, out, metrics, seq.preemptions, reason)
+        self.outputs[r.id] = RequestOutput(r, out, metrics, seq.preemptions, reason, logprobs=logprobs)
         return self.outputs[r.id]
 
     def _wait(self) -> None:

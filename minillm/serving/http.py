@@ -35,9 +35,12 @@ from ..core.device import hardware_description, threads_label
 from ..runtime import RuntimeOptions, load_model
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig, RequestTooLargeError
+from .logits import prompt_logprobs
 from .openai_api import (
     APIError,
+    Logprobs,
     ModelInfo,
+    Piece,
     answer,
     chunk_json,
     engine_timing,
@@ -179,6 +182,16 @@ def create_app(
     async def serve(request: HTTPRequest, chat: bool):
         raw = await read_body(request, max_body_bytes)
         job = await asyncio.to_thread(lambda: parse_job(json_body(raw), info, chat))
+        if job.echo and job.logprobs is not None:  # a forward of the prompt, in a worker thread too
+            model = engine.engine.model
+            job.prompt_logprobs = await asyncio.to_thread(prompt_logprobs, model, job.request.prompt, job.logprobs)
+        logprobs = Logprobs(job, tokenizer) if job.logprobs is not None else None
+        if not job.generate:  # echo with max_tokens 0: the prompt and its log-probabilities are the answer
+            if job.stream:
+                return StreamingResponse(
+                    sse_events(job, info.name, no_pieces(), logprobs), media_type="text/event-stream"
+                )
+            return JSONResponse(await collect(job, info.name, no_pieces(), logprobs))
         try:
             stream = engine.add_request(job.request)
         except RequestTooLargeError as e:
@@ -189,8 +202,8 @@ def create_app(
             raise APIError(503, str(e), code="shutting_down") from None
         pieces = answer(job, stream, engine.abort, tokenizer)
         if job.stream:
-            return EngineStreamingResponse(sse_events(job, info.name, pieces), stream.id)
-        collecting = asyncio.ensure_future(collect(job, info.name, pieces))
+            return EngineStreamingResponse(sse_events(job, info.name, pieces, logprobs), stream.id)
+        collecting = asyncio.ensure_future(collect(job, info.name, pieces, logprobs))
         gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait({collecting, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -286,10 +299,17 @@ async def disconnected(request) -> None:
         pass
 
 
-async def collect(job, model: str, pieces) -> dict:
+async def no_pieces():
+    """The answer of a job that generates nothing (echo with max_tokens 0): it ends at once."""
+    yield Piece("", [], [], "length")
+
+
+async def collect(job, model: str, pieces, logprobs: Logprobs | None = None) -> dict:
     """A whole answer, for a request that is not streamed; an engine error is a 500. However it
-    ends, ``pieces`` is closed (which ends the request)."""
-    text, ids, times, reason = [], [], [], None
+    ends, ``pieces`` is closed (which ends the request). With echo, the text (and the logprobs)
+    start with the prompt's."""
+    text, ids, times, reason = [job.prompt_text] if job.echo else [], [], [], None
+    parts = [logprobs.prompt()] if logprobs is not None and job.echo else []
     async with contextlib.aclosing(pieces):
         async for piece in pieces:
             if piece.error is not None:
@@ -298,7 +318,10 @@ async def collect(job, model: str, pieces) -> dict:
             ids += piece.token_ids
             times += piece.times
             reason = piece.finish_reason
-    body = response_json(job, model, "".join(text), ids, reason)
+            if logprobs is not None:
+                parts.append(logprobs.piece(piece.token_ids, piece.logprobs))
+    merged = Logprobs.merge(parts) if parts else None
+    body = response_json(job, model, "".join(text), ids, reason, merged)
     if job.return_engine_timing:
         body["engine_timing"] = engine_timing(job.request, times)
     return body
@@ -308,13 +331,16 @@ def event(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-async def sse_events(job, model: str, pieces):
-    """Server-sent events: one chunk per step that adds text (every step with return_token_ids),
-    the finish reason on the last, the usage when asked for, then ``data: [DONE]``. Closed early
-    (the client gone), it closes ``pieces``, which ends the request."""
+async def sse_events(job, model: str, pieces, logprobs: Logprobs | None = None):
+    """Server-sent events: one chunk per step that adds text (every step with return_token_ids or
+    logprobs), the finish reason on the last, the usage when asked for, then ``data: [DONE]``.
+    With echo, a first chunk holds the prompt (and its logprobs). Closed early (the client gone),
+    it closes ``pieces``, which ends the request."""
     async with contextlib.aclosing(pieces):
         if job.chat:
             yield event(role_chunk_json(job, model))
+        if job.echo:
+            yield event(chunk_json(job, model, job.prompt_text, [], None, logprobs and logprobs.prompt()))
         n, times = 0, []
         async for piece in pieces:
             if piece.error is not None:
@@ -322,8 +348,9 @@ async def sse_events(job, model: str, pieces):
                 yield event(failed.body())
                 break
             n, times = n + len(piece.token_ids), times + piece.times
-            if piece.text or piece.finish_reason or (job.return_token_ids and piece.token_ids):
-                chunk = chunk_json(job, model, piece.text, piece.token_ids, piece.finish_reason)
+            if piece.text or piece.finish_reason or ((job.return_token_ids or logprobs) and piece.token_ids):
+                part = logprobs.piece(piece.token_ids, piece.logprobs) if logprobs is not None else None
+                chunk = chunk_json(job, model, piece.text, piece.token_ids, piece.finish_reason, part)
                 if piece.finish_reason and job.return_engine_timing:
                     chunk["engine_timing"] = engine_timing(job.request, times)
                 yield event(chunk)

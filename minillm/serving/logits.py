@@ -86,3 +86,29 @@ def ban(logits: Tensor, token_ids: tuple[int, ...]) -> Tensor:
     logits = logits.clone()
     logits[0, list(token_ids)] = float("-inf")
     return logits
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the model, and the ``top`` most likely (id, log-prob) at
+    its position, most likely first. Of the model's own distribution (log-softmax of its logits),
+    before temperature, penalties or filters, as vLLM reports by default."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(logits: Tensor, token: int, top: int) -> TokenLogprob:
+    """``token``'s log-probability from one position's logits (V,) or (1, V), and the ``top`` best."""
+    logp = logits.reshape(-1).float().log_softmax(-1)
+    best = torch.topk(logp, top) if top else None
+    pairs = tuple(zip(best.indices.tolist(), best.values.tolist())) if best is not None else ()
+    return TokenLogprob(float(logp[token]), pairs)
+
+
+@torch.no_grad()
+def prompt_logprobs(model, ids: list[int], top: int) -> list[TokenLogprob | None]:
+    """Each prompt token's log-probability given the tokens before it (one forward of the whole
+    prompt, no cache); None for the first, which nothing predicts."""
+    logits = model(torch.tensor([ids], device=model.device))[0]  # (T, V)
+    return [None] + [token_logprob(logits[i - 1], ids[i], top) for i in range(1, len(ids))]

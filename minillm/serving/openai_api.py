@@ -5,8 +5,12 @@ names the field; and the JSON of answers, streamed chunks and errors.
 Supported: ``POST /v1/completions`` (``prompt`` as text or token ids, ``max_tokens``,
 ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stream``, ``stream_options``,
 ``presence_penalty``, ``frequency_penalty``, ``logit_bias``; vLLM's ``repetition_penalty``,
-``min_p``, ``min_tokens``, ``stop_token_ids``, ``include_stop_str_in_output``) and
-``POST /v1/chat/completions`` (``messages``, rendered with the checkpoint's chat template).
+``min_p``, ``min_tokens``, ``stop_token_ids``, ``include_stop_str_in_output``; ``logprobs`` (top
+N per token, legacy format with ``text_offset``) and ``echo``, with ``max_tokens`` 0 for a
+prompt's log-probabilities alone) and
+``POST /v1/chat/completions`` (``messages``, rendered with the checkpoint's chat template;
+``logprobs`` and ``top_logprobs``). Log-probabilities are the model's own distribution, before
+temperature, penalties and filters.
 Extensions, as vLLM names them: ``top_k``, ``ignore_eos`` (stop only at ``max_tokens``),
 ``return_token_ids`` (each choice carries the ids); and ``return_engine_timing``: the answer's
 last chunk carries the engine's own clock for the request (each token's time since it arrived),
@@ -31,17 +35,14 @@ from ..core.prompts import check_vocabulary, token_rows
 from ..core.sampling import SamplingParams
 from ..core.tokenizer import TextStream, Tokenizer
 from .async_engine import RequestStream
-from .logits import LogitAdjustments
-from .workload import Request
+from .logits import LogitAdjustments, TokenLogprob
+from .workload import MAX_LOGPROBS, Request
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # Fields of the OpenAI API this server does not implement, and the values it accepts for them (their defaults)
 UNSUPPORTED = {
     "n": (1,),
     "best_of": (1,),
-    "echo": (False,),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "suffix": ("",),
     "tools": ([],),
     "response_format": ({"type": "text"},),
@@ -60,9 +61,10 @@ NOT_APPLICABLE = ("user", "metadata", "store", "service_tier", "parallel_tool_ca
 COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options")
 COMMON_FIELDS += ("ignore_eos", "return_token_ids", "return_engine_timing", *UNSUPPORTED, *NOT_APPLICABLE)
 COMMON_FIELDS += (*ADJUSTMENTS, "logit_bias", "min_tokens", "stop_token_ids", "include_stop_str_in_output")
+COMMON_FIELDS += ("logprobs",)
 FIELDS = {
-    False: frozenset((*COMMON_FIELDS, "prompt")),
-    True: frozenset((*COMMON_FIELDS, "messages", "max_completion_tokens")),
+    False: frozenset((*COMMON_FIELDS, "prompt", "echo")),
+    True: frozenset((*COMMON_FIELDS, "messages", "max_completion_tokens", "top_logprobs")),
 }
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default
 
@@ -120,6 +122,11 @@ class Job:
     include_usage: bool = False  # streamed: a last chunk with the token counts
     return_token_ids: bool = False
     return_engine_timing: bool = False
+    logprobs: int | None = None  # log-probabilities of the answer's tokens, with this many top ones
+    echo: bool = False  # completions: the answer's text starts with the prompt (and its logprobs)
+    prompt_text: str = ""  # the prompt as text, for echo
+    generate: bool = True  # False: echo with max_tokens 0, the prompt is the whole answer
+    prompt_logprobs: list | None = None  # with echo and logprobs: the prompt's, filled by the server
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -169,6 +176,26 @@ def _adjustments(body: dict) -> LogitAdjustments:
     except ValueError as e:
         name = str(e).split(" ")[0].split("[")[0]
         raise APIError(400, str(e), name if name in body else None) from None
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many top log-probabilities per token, or None for no logprobs. Completions: the
+    number is ``logprobs``; chat: ``logprobs`` is true or false, the number ``top_logprobs``."""
+    if not chat:
+        return _count(body, "logprobs", None)
+    if not _get(body, "logprobs", (bool,), False, "true or false"):
+        if body.get("top_logprobs") is not None:
+            raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return _count(body, "top_logprobs", 0)
+
+
+def _count(body: dict, name: str, default: int | None) -> int | None:
+    what = f"an integer in [0, {MAX_LOGPROBS}]"
+    value = _get(body, name, (int,), default, what)
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise APIError(400, f"'{name}' must be {what}, got {value}", name)
+    return value
 
 
 def _stop_token_ids(body: dict, model: ModelInfo) -> tuple[int, ...]:
@@ -328,7 +355,9 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
     limit = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     fits = room if pool is None else min(room, pool - len(ids))
     max_tokens = _get(body, limit, (int,), fits if chat else DEFAULT_MAX_TOKENS, "a positive integer")
-    if max_tokens < 1:
+    echo = not chat and _get(body, "echo", (bool,), False, "true or false")
+    generate = not (echo and max_tokens == 0)  # echo alone: a prompt's log-probabilities, as evaluations ask
+    if max_tokens < 1 and generate:
         raise APIError(400, f"'{limit}' must be a positive integer, got {max_tokens}", limit)
     if max_tokens > room:
         raise APIError(
@@ -350,7 +379,11 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
         adjust.check_vocabulary(model.vocab_size)
     except ValueError as e:
         raise APIError(400, str(e), "logit_bias") from None
-    request = Request(ids, max_tokens, params=_sampling(body), stop_ids=stop_ids, min_tokens=min_tokens, adjust=adjust)
+    logprobs = _logprobs(body, chat)
+    request = Request(ids, max(max_tokens, 1), params=_sampling(body), stop_ids=stop_ids, min_tokens=min_tokens)
+    request.adjust, request.logprobs = adjust, logprobs
+    request.validate()
+    prompt = body.get("prompt")
     return Job(
         request=request,
         chat=chat,
@@ -360,6 +393,10 @@ def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
         include_usage=bool(options.get("include_usage")) and stream,
         return_token_ids=_get(body, "return_token_ids", (bool,), False, "true or false"),
         return_engine_timing=_get(body, "return_engine_timing", (bool,), False, "true or false"),
+        logprobs=logprobs,
+        echo=echo,
+        prompt_text=(prompt if isinstance(prompt, str) else model.tokenizer.decode(ids)) if echo else "",
+        generate=generate,
         id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
     )
 
@@ -373,14 +410,78 @@ def usage(job: Job, completion_tokens: int) -> dict:
     return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
 
 
-def _choice(job: Job, text: str, token_ids: list[int], finish_reason: str | None, chunk: bool) -> dict:
+class Logprobs:
+    """An answer's ``logprobs`` field, piece by piece, as each API defines it. Completions (the
+    legacy format): ``tokens``, ``token_logprobs``, ``top_logprobs`` (the top N and the chosen
+    token) and ``text_offset`` (where each token starts in the answer's text, the echoed prompt
+    included). Chat: ``content``, one ``{token, logprob, bytes, top_logprobs}`` per token."""
+
+    def __init__(self, job: Job, tokenizer: Tokenizer):
+        self.job, self.tokenizer = job, tokenizer
+        self.ids: list[int] = []  # the answer's tokens so far, for the offsets
+        self.base = len(job.prompt_text) if job.echo else 0
+
+    def _text(self, token: int) -> str:
+        """A token as text; one that is not whole UTF-8 characters as its bytes, as OpenAI writes
+        it ("bytes:\\xe2\\x80")."""
+        raw = self.tokenizer.token_bytes(token)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+    def prompt(self) -> dict:
+        """The echoed prompt's part (completions): None for its first token, nothing predicts it."""
+        ids, logprobs = self.job.request.prompt, self.job.prompt_logprobs
+        return {
+            "tokens": [self._text(t) for t in ids],
+            "token_logprobs": [lp and lp.logprob for lp in logprobs],
+            "top_logprobs": [lp and self._top(t, lp) for t, lp in zip(ids, logprobs)],
+            "text_offset": [len(self.tokenizer.decode(ids[:i])) for i in range(len(ids))],
+        }
+
+    def _top(self, token: int, lp: TokenLogprob) -> dict[str, float]:
+        return {self._text(t): v for t, v in lp.top} | {self._text(token): lp.logprob}
+
+    def piece(self, ids: list[int], logprobs: list[TokenLogprob]) -> dict:
+        """The part for these new tokens of the answer."""
+        if self.job.chat:
+
+            def entry(t: int, v: float) -> dict:
+                return {"token": self._text(t), "logprob": v, "bytes": list(self.tokenizer.token_bytes(t))}
+
+            content = [
+                {**entry(t, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
+                for t, lp in zip(ids, logprobs)
+            ]
+            return {"content": content}
+        offsets = []
+        for t in ids:
+            offsets.append(self.base + len(self.tokenizer.decode(self.ids)))
+            self.ids.append(t)
+        return {
+            "tokens": [self._text(t) for t in ids],
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [self._top(t, lp) for t, lp in zip(ids, logprobs)],
+            "text_offset": offsets,
+        }
+
+    @staticmethod
+    def merge(parts: list[dict]) -> dict:
+        """Parts of one answer as one field (every list joined)."""
+        return {key: [x for part in parts for x in part[key]] for key in parts[0]}
+
+
+def _choice(
+    job: Job, text: str, token_ids: list[int], finish_reason: str | None, chunk: bool, logprobs: dict | None = None
+) -> dict:
     if not job.chat:
         choice = {"index": 0, "text": text}
     elif chunk:
         choice = {"index": 0, "delta": {"content": text} if text else {}}
     else:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}}
-    choice.update(logprobs=None, finish_reason=finish_reason)
+    choice.update(logprobs=logprobs, finish_reason=finish_reason)
     if job.return_token_ids:
         choice["token_ids"] = token_ids
     return choice
@@ -391,9 +492,17 @@ def _envelope(job: Job, model: str, chunk: bool, choices: list[dict]) -> dict:
     return {"id": job.id, "object": kind, "created": job.created, "model": model, "choices": choices}
 
 
-def chunk_json(job: Job, model: str, text: str, token_ids: list[int], finish_reason: str | None = None) -> dict:
-    """One server-sent event's JSON: the new text (and ids), and on the last one the finish reason."""
-    return _envelope(job, model, True, [_choice(job, text, token_ids, finish_reason, chunk=True)])
+def chunk_json(
+    job: Job,
+    model: str,
+    text: str,
+    token_ids: list[int],
+    finish_reason: str | None = None,
+    logprobs: dict | None = None,
+) -> dict:
+    """One server-sent event's JSON: the new text (and ids, and logprobs), and on the last one the
+    finish reason."""
+    return _envelope(job, model, True, [_choice(job, text, token_ids, finish_reason, True, logprobs)])
 
 
 def role_chunk_json(job: Job, model: str) -> dict:
@@ -406,10 +515,12 @@ def usage_chunk_json(job: Job, model: str, completion_tokens: int) -> dict:
     return {**_envelope(job, model, True, []), "usage": usage(job, completion_tokens)}
 
 
-def response_json(job: Job, model: str, text: str, token_ids: list[int], finish_reason: str) -> dict:
+def response_json(
+    job: Job, model: str, text: str, token_ids: list[int], finish_reason: str, logprobs: dict | None = None
+) -> dict:
     """The whole answer of a request that was not streamed."""
     return {
-        **_envelope(job, model, False, [_choice(job, text, token_ids, finish_reason, chunk=False)]),
+        **_envelope(job, model, False, [_choice(job, text, token_ids, finish_reason, False, logprobs)]),
         "usage": usage(job, len(token_ids)),
     }
 
@@ -428,6 +539,7 @@ class Piece:
     times: list[float]
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per id, when the job asked
 
 
 async def answer(job: Job, stream: RequestStream, abort: Callable[[int, str], None], tokenizer: Tokenizer):
@@ -448,7 +560,8 @@ async def answer(job: Job, stream: RequestStream, abort: Callable[[int, str], No
                 pieces.append(text.finish())
             reason = "stop" if text.stopped else delta.finish_reason
             done = reason is not None
-            yield Piece("".join(pieces), ids, list(delta.times[: len(ids)]), reason, delta.error)
+            times, logprobs = list(delta.times[: len(ids)]), list(delta.logprobs[: len(ids)])
+            yield Piece("".join(pieces), ids, times, reason, delta.error, logprobs)
             if done:
                 return
     finally:

@@ -25,6 +25,7 @@ from ..measure.arrivals import poisson_arrivals
 from .logits import LogitAdjustments
 
 TRACE_FIELDS = ("arrival", "prompt_len", "output_len")
+MAX_LOGPROBS = 20  # top log-probabilities per token a request may ask for
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Request:
     id: int | None = None  # the engine numbers requests that come without one
     min_tokens: int = 0
     adjust: LogitAdjustments = field(default_factory=LogitAdjustments)
+    logprobs: int | None = None  # each output token's log-probability, with this many top ones (None: none)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -74,15 +76,19 @@ class Request:
         m = self.min_tokens
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= self.max_tokens:
             raise ValueError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {m!r}")
+        n = self.logprobs
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {n!r}")
         if not isinstance(self.adjust, LogitAdjustments):
             raise ValueError(f"adjust must be a LogitAdjustments, got {type(self.adjust).__name__}")
 
 
 def copy_requests(requests: Sequence[Request]) -> list[Request]:
     """Fresh copies (an engine numbers and consumes its requests), with everything a request says:
-    prompt, length, arrival, sampling parameters, stop ids, id, minimum length and adjustments."""
+    prompt, length, arrival, sampling parameters, stop ids, id, minimum length, adjustments and
+    log-probabilities asked for."""
     return [
-        Request(list(r.prompt), r.max_tokens, r.arrival, r.params, r.stop_ids, r.id, r.min_tokens, r.adjust)
+        Request(list(r.prompt), r.max_tokens, r.arrival, r.params, r.stop_ids, r.id, r.min_tokens, r.adjust, r.logprobs)
         for r in requests
     ]
 

@@ -239,6 +239,102 @@ def test_a_bundled_model_answers_chat_clients(capsys):
     assert r.choices[0].message.content == tokenizer.decode(expected.tokens[0].tolist())
 
 
+def token_text(tokenizer, token: int) -> str:
+    """A token as OpenAI's logprobs spell it: its text, or "bytes:\\x.." when not whole characters."""
+    raw = tokenizer.token_bytes(token)
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def direct_logprobs(model, ids: list[int], out: list[int]) -> torch.Tensor:
+    """log p(out[i] | ids + out[:i]) and each position's distribution, from one forward of it all."""
+    with torch.no_grad():
+        return model(torch.tensor([ids + out]))[0, len(ids) - 1 : -1].float().log_softmax(-1)
+
+
+def completion_logprobs(live, stream: bool, **kwargs):
+    args = dict(
+        model=NAME, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3, extra_body={"return_token_ids": True}
+    )
+    args.update(kwargs)
+    if not stream:
+        choice = live.client.completions.create(**args).choices[0]
+        return choice.text, choice.logprobs.model_dump(), choice.model_extra.get("token_ids", [])
+    chunks = [c.choices[0] for c in live.client.completions.create(stream=True, **args) if c.choices]
+    parts = [c.logprobs.model_dump() for c in chunks if c.logprobs is not None]
+    merged = {key: [x for part in parts for x in part[key]] for key in parts[0]}
+    return "".join(c.text for c in chunks), merged, [t for c in chunks for t in c.model_extra.get("token_ids") or []]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_logprobs_equal_a_direct_forward(live, stream):
+    """Completions' legacy logprobs: each token's log-probability and the top 3 of its position
+    equal one forward of the model over prompt and answer; text_offset is where each token's text
+    starts in the answer."""
+    ids = live.tokenizer.encode(PROMPT)
+    text, lp, out = completion_logprobs(live, stream)
+    assert out == live.greedy(ids, 8)
+    expected = direct_logprobs(live.model, ids, out)
+    assert torch.allclose(torch.tensor(lp["token_logprobs"]), expected[torch.arange(8), torch.tensor(out)], atol=1e-4)
+    for i, top in enumerate(lp["top_logprobs"]):
+        best = torch.topk(expected[i], 3)
+        want = {token_text(live.tokenizer, t): v for t, v in zip(best.indices.tolist(), best.values.tolist())}
+        assert set(want) <= set(top) and all(abs(top[k] - v) < 1e-4 for k, v in want.items())
+    assert lp["tokens"] == [token_text(live.tokenizer, t) for t in out]
+    assert lp["text_offset"] == [len(live.tokenizer.decode(out[:i])) for i in range(8)]
+    assert text == live.tokenizer.decode(out)
+
+
+def test_echo_returns_the_prompt_and_its_logprobs(live):
+    """What an evaluation harness asks for a log-likelihood: echo with max_tokens 0 answers with
+    the prompt, each of its tokens' log-probability given the ones before (None for the first),
+    and no generated token; with max_tokens, the answer follows the prompt."""
+    ids = live.tokenizer.encode(PROMPT)
+    r = live.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=0, echo=True, logprobs=2, temperature=0)
+    choice, lp = r.choices[0], r.choices[0].logprobs
+    assert choice.text == PROMPT and r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+    expected = direct_logprobs(live.model, ids[:1], ids[1:])
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert torch.allclose(
+        torch.tensor(lp.token_logprobs[1:]), expected[torch.arange(len(ids) - 1), torch.tensor(ids[1:])], atol=1e-4
+    )
+    assert lp.text_offset == [len(live.tokenizer.decode(ids[:i])) for i in range(len(ids))]
+    text, merged, out = completion_logprobs(live, False, echo=True)
+    assert text == PROMPT + live.tokenizer.decode(out) and len(merged["tokens"]) == len(ids) + 8
+    assert merged["text_offset"][len(ids)] == len(PROMPT)
+    streamed = completion_logprobs(live, True, echo=True)
+    assert streamed[0] == text and streamed[1]["token_logprobs"][1:] == pytest.approx(
+        merged["token_logprobs"][1:], abs=1e-4
+    )
+    bare = live.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=0, echo=True, stream=True)
+    assert "".join(c.choices[0].text for c in bare if c.choices) == PROMPT
+
+
+def test_chat_logprobs_equal_a_direct_forward(live):
+    messages = [{"role": "user", "content": "hi"}]
+    r = live.client.chat.completions.create(
+        model=NAME,
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"return_token_ids": True},
+    )
+    out = r.choices[0].model_extra["token_ids"]
+    ids = live.tokenizer.encode(render_chat(live.tokenizer, messages), add_special_tokens=False)
+    expected = direct_logprobs(live.model, ids, out)
+    content = r.choices[0].logprobs.content
+    assert [c.token for c in content] == [token_text(live.tokenizer, t) for t in out]
+    assert [bytes(c.bytes) for c in content] == [live.tokenizer.token_bytes(t) for t in out]
+    assert torch.allclose(
+        torch.tensor([c.logprob for c in content]), expected[torch.arange(6), torch.tensor(out)], atol=1e-4
+    )
+    assert all(len(c.top_logprobs) == 2 for c in content)
+
+
 def test_chat_completion_renders_the_template(live):
     messages = [{"role": "user", "content": "Add two numbers."}]
     ids = live.tokenizer.encode(render_chat(live.tokenizer, messages), add_special_tokens=False)
@@ -551,6 +647,24 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias", "token ids (as strings)"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"99999": 1}}, 400, "logit_bias", "outside the vocabulary"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias", "[-100, 100]"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs", "[0, 20]"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": True}, 400, "logprobs", "[0, 20]"),
+    ("/v1/completions", {"prompt": "hi", "top_logprobs": 2}, 400, "top_logprobs", "unknown field"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "positive"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+        400,
+        "top_logprobs",
+        "needs 'logprobs'",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "echo": True},
+        400,
+        "echo",
+        "unknown field",
+    ),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-9"}, 404, "model", "'gpt-9' does not exist"),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", "'messages' is required"),
     ("/v1/chat/completions", {"messages": [], "prompt": "hi"}, 400, "prompt", "unknown field 'prompt'"),

@@ -141,3 +141,16 @@ def test_a_prompt_larger_than_the_kv_pool_names_the_prompt_not_max_tokens(tokeni
     with pytest.raises(APIError, match="the KV pool holds 20 tokens") as e:
         parse_job(body, small_pool, chat)
     assert (e.value.status, e.value.param, e.value.code) == (400, "messages" if chat else "prompt", "request_too_large")
+
+
+def test_token_bytes_spell_each_token_and_join_to_the_text():
+    """A byte-level token may be part of a character: its bytes, joined with the others', are the
+    text; a token that is whole characters is its text, and a text prompt's length bounds its tokens."""
+    _, tokenizer = minillm.load("minillm-draft")
+    text = "héllo wörld — ok"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    pieces = [tokenizer.token_bytes(i) for i in ids]
+    assert b"".join(pieces).decode() == text
+    assert any(len(p) == 1 and p[0] >= 0x80 for p in pieces), "the accents should split into byte tokens"
+    assert tokenizer.token_bytes(tokenizer.eos_id) == b"<|endoftext|>"
+    assert len(text) <= len(ids) * tokenizer.max_token_chars
