@@ -44,9 +44,10 @@ from .openai_api import (
     answer,
     chunk_json,
     engine_timing,
-    parse_job,
+    parse_jobs,
     response_json,
     role_chunk_json,
+    total_usage,
     usage_chunk_json,
 )
 from .scheduler import SchedulerConfig
@@ -147,18 +148,20 @@ def create_app(
     metrics = ServerMetrics(engine)
 
     class EngineStreamingResponse(StreamingResponse):
-        """The events of one engine request. However the response ends (answered, the client gone
-        before it started or while it ran, the server stopping), the request ends with it."""
+        """The events of the engine requests of one answer (one per choice). However the response
+        ends (answered, the client gone before it started or while it ran, the server stopping),
+        the requests end with it."""
 
-        def __init__(self, events, request_id: int):
+        def __init__(self, events, request_ids: list[int]):
             super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            self.request_id = request_id
+            self.request_ids = request_ids
 
         async def __call__(self, scope, receive, send):
             try:
                 await super().__call__(scope, receive, send)
             finally:
-                engine.abort(self.request_id)  # a no-op once the request has finished
+                for request_id in self.request_ids:
+                    engine.abort(request_id)  # a no-op once the request has finished
                 with contextlib.suppress(RuntimeError):  # the events' generator, closed now, not when collected
                     await self.body_iterator.aclose()
 
@@ -181,37 +184,47 @@ def create_app(
 
     async def serve(request: HTTPRequest, chat: bool):
         raw = await read_body(request, max_body_bytes)
-        job = await asyncio.to_thread(lambda: parse_job(json_body(raw), info, chat))
-        if job.echo and job.logprobs is not None:  # a forward of the prompt, in a worker thread too
-            model = engine.engine.model
-            job.prompt_logprobs = await asyncio.to_thread(prompt_logprobs, model, job.request.prompt, job.logprobs)
-        logprobs = Logprobs(job, tokenizer) if job.logprobs is not None else None
-        if not job.generate:  # echo with max_tokens 0: the prompt and its log-probabilities are the answer
-            if job.stream:
-                return StreamingResponse(
-                    sse_events(job, info.name, no_pieces(), logprobs), media_type="text/event-stream"
-                )
-            return JSONResponse(await collect(job, info.name, no_pieces(), logprobs))
+        jobs = await asyncio.to_thread(lambda: parse_jobs(json_body(raw), info, chat))
+        first = jobs[0]
+        if first.echo and first.logprobs is not None:  # a forward of each prompt, in a worker thread too
+            found: dict[tuple[int, ...], list] = {}
+            for job in jobs:
+                key = tuple(job.request.prompt)
+                if key not in found:
+                    found[key] = await asyncio.to_thread(prompt_logprobs, engine.engine.model, list(key), job.logprobs)
+                job.prompt_logprobs = found[key]
+        formats = [Logprobs(job, tokenizer) if job.logprobs is not None else None for job in jobs]
+        if not first.generate:  # echo with max_tokens 0: the prompts and their log-probabilities are the answer
+            pieces = [no_pieces() for _ in jobs]
+            if first.stream:
+                return StreamingResponse(sse_events(jobs, info.name, pieces, formats), media_type="text/event-stream")
+            return JSONResponse(await collect_all(jobs, info.name, pieces, formats))
+        streams = []
         try:
-            stream = engine.add_request(job.request)
-        except RequestTooLargeError as e:
-            raise APIError(400, str(e), "max_tokens", "request_too_large") from None
-        except ValueError as e:
-            raise APIError(400, str(e), "messages" if chat else "prompt") from None
-        except RuntimeError as e:
+            for job in jobs:
+                streams.append(engine.add_request(job.request))
+        except (ValueError, RuntimeError) as e:
+            for stream in streams:  # all the choices or none
+                engine.abort(stream.id)
+            if isinstance(e, RequestTooLargeError):
+                raise APIError(400, str(e), "max_tokens", "request_too_large") from None
+            if isinstance(e, ValueError):
+                raise APIError(400, str(e), "messages" if chat else "prompt") from None
             raise APIError(503, str(e), code="shutting_down") from None
-        pieces = answer(job, stream, engine.abort, tokenizer)
-        if job.stream:
-            return EngineStreamingResponse(sse_events(job, info.name, pieces, logprobs), stream.id)
-        collecting = asyncio.ensure_future(collect(job, info.name, pieces, logprobs))
+        pieces = [answer(job, stream, engine.abort, tokenizer) for job, stream in zip(jobs, streams)]
+        ids = [stream.id for stream in streams]
+        if first.stream:
+            return EngineStreamingResponse(sse_events(jobs, info.name, pieces, formats), ids)
+        collecting = asyncio.ensure_future(collect_all(jobs, info.name, pieces, formats))
         gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait({collecting, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not collecting.done():  # the client went away, or the server stops: the request ends
+            if not collecting.done():  # the client went away, or the server stops: the requests end
                 collecting.cancel()
-                engine.abort(stream.id)
+                for request_id in ids:
+                    engine.abort(request_id)
                 with contextlib.suppress(asyncio.CancelledError):  # cancel() only asks: wait until it has
                     await collecting
         if collecting.cancelled():
@@ -304,6 +317,26 @@ async def no_pieces():
     yield Piece("", [], [], "length")
 
 
+async def collect_all(jobs, model: str, pieces: list, formats: list) -> dict:
+    """The whole answer of a request of several choices, collected side by side: one choice each,
+    the usage summed (each prompt once). A failure in one ends them all."""
+    tasks = [asyncio.ensure_future(collect(*args)) for args in zip(jobs, [model] * len(jobs), pieces, formats)]
+    try:
+        bodies = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    if len(bodies) == 1:
+        return bodies[0]
+    body = {**bodies[0], "choices": [b["choices"][0] for b in bodies]}
+    body["usage"] = total_usage(jobs, sum(b["usage"]["completion_tokens"] for b in bodies))
+    if "engine_timing" in body:
+        body["engine_timing"] = [b["engine_timing"] for b in bodies]  # by choice
+    return body
+
+
 async def collect(job, model: str, pieces, logprobs: Logprobs | None = None) -> dict:
     """A whole answer, for a request that is not streamed; an engine error is a 500. However it
     ends, ``pieces`` is closed (which ends the request). With echo, the text (and the logprobs)
@@ -331,32 +364,69 @@ def event(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-async def sse_events(job, model: str, pieces, logprobs: Logprobs | None = None):
-    """Server-sent events: one chunk per step that adds text (every step with return_token_ids or
-    logprobs), the finish reason on the last, the usage when asked for, then ``data: [DONE]``.
-    With echo, a first chunk holds the prompt (and its logprobs). Closed early (the client gone),
-    it closes ``pieces``, which ends the request."""
+async def sse_events(jobs, model: str, pieces: list, formats: list):
+    """Server-sent events of an answer: each choice's chunks (``choice_events``) as they come,
+    choices interleaved, then the usage when asked for, then ``data: [DONE]``. Closed early (the
+    client gone), it closes every choice's ``pieces``, which ends their requests."""
+    counts = [0] * len(jobs)
+    if len(jobs) == 1:
+        async with contextlib.aclosing(choice_events(jobs[0], model, pieces[0], formats[0], counts)) as events:
+            async for chunk in events:
+                yield chunk
+    else:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def run(k: int) -> None:
+            try:
+                async with contextlib.aclosing(
+                    choice_events(jobs[k], model, pieces[k], formats[k], counts, k)
+                ) as events:
+                    async for chunk in events:
+                        queue.put_nowait(chunk)
+            finally:
+                queue.put_nowait(None)
+
+        tasks = [asyncio.ensure_future(run(k)) for k in range(len(jobs))]
+        try:
+            running = len(tasks)
+            while running:
+                chunk = await queue.get()
+                if chunk is None:
+                    running -= 1
+                else:
+                    yield chunk
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    if jobs[0].include_usage:
+        yield event(usage_chunk_json(jobs, model, sum(counts)))
+    yield event("[DONE]")
+
+
+async def choice_events(job, model: str, pieces, logprobs: Logprobs | None, counts: list[int], k: int = 0):
+    """One choice's events: one chunk per step that adds text (every step with return_token_ids
+    or logprobs), the finish reason on the last; with echo, a first chunk holds the prompt (and
+    its logprobs). ``counts[k]`` counts its tokens. Closed, it closes ``pieces``."""
     async with contextlib.aclosing(pieces):
         if job.chat:
             yield event(role_chunk_json(job, model))
         if job.echo:
             yield event(chunk_json(job, model, job.prompt_text, [], None, logprobs and logprobs.prompt()))
-        n, times = 0, []
+        times = []
         async for piece in pieces:
             if piece.error is not None:
                 failed = APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
                 yield event(failed.body())
                 break
-            n, times = n + len(piece.token_ids), times + piece.times
+            counts[k] += len(piece.token_ids)
+            times += piece.times
             if piece.text or piece.finish_reason or ((job.return_token_ids or logprobs) and piece.token_ids):
                 part = logprobs.piece(piece.token_ids, piece.logprobs) if logprobs is not None else None
                 chunk = chunk_json(job, model, piece.text, piece.token_ids, piece.finish_reason, part)
                 if piece.finish_reason and job.return_engine_timing:
                     chunk["engine_timing"] = engine_timing(job.request, times)
                 yield event(chunk)
-        if job.include_usage:
-            yield event(usage_chunk_json(job, model, n))
-        yield event("[DONE]")
 
 
 # ---------------------------------------------------------------------------------------------

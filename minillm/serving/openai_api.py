@@ -2,7 +2,8 @@
 checked ``Job`` (an engine ``Request`` plus what the answer needs) out, or an ``APIError`` that
 names the field; and the JSON of answers, streamed chunks and errors.
 
-Supported: ``POST /v1/completions`` (``prompt`` as text or token ids, ``max_tokens``,
+Supported: ``POST /v1/completions`` (``prompt`` as text or token ids, or a list of them; ``n``
+choices of each, ``parse_jobs``; ``max_tokens``,
 ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stream``, ``stream_options``,
 ``presence_penalty``, ``frequency_penalty``, ``logit_bias``; vLLM's ``repetition_penalty``,
 ``min_p``, ``min_tokens``, ``stop_token_ids``, ``include_stop_str_in_output``; ``logprobs`` (top
@@ -24,6 +25,7 @@ value; nothing sent is silently ignored, except what cannot change an answer (``
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import time
 import uuid
@@ -36,12 +38,11 @@ from ..core.sampling import SamplingParams
 from ..core.tokenizer import TextStream, Tokenizer
 from .async_engine import RequestStream
 from .logits import LogitAdjustments, TokenLogprob
-from .workload import MAX_LOGPROBS, Request
+from .workload import MAX_LOGPROBS, Request, copy_requests
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # Fields of the OpenAI API this server does not implement, and the values it accepts for them (their defaults)
 UNSUPPORTED = {
-    "n": (1,),
     "best_of": (1,),
     "suffix": ("",),
     "tools": ([],),
@@ -58,7 +59,19 @@ ADJUSTMENTS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "m
 # as "max_token" would otherwise quietly give the default). Fields the answer cannot depend on here
 # (who the user is, what to store or bill) are accepted as they are.
 NOT_APPLICABLE = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort")
-COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options")
+COMMON_FIELDS = (
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+)
+MAX_CHOICES = 64  # choices per request at most: n times the number of prompts
 COMMON_FIELDS += ("ignore_eos", "return_token_ids", "return_engine_timing", *UNSUPPORTED, *NOT_APPLICABLE)
 COMMON_FIELDS += (*ADJUSTMENTS, "logit_bias", "min_tokens", "stop_token_ids", "include_stop_str_in_output")
 COMMON_FIELDS += ("logprobs",)
@@ -129,6 +142,8 @@ class Job:
     prompt_logprobs: list | None = None  # with echo and logprobs: the prompt's, filled by the server
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
+    index: int = 0  # the choice's place in the answer: prompt i's choice j is i * n + j
+    first_of_prompt: bool = True  # counts its prompt's tokens in the usage (once per prompt, not per choice)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,7 +248,7 @@ def _prompt_ids(body: dict, model: ModelInfo) -> list[int]:
             raise APIError(400, "'prompt' is empty: it encodes to no token at all", "prompt")
         return ids
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise APIError(400, f"'prompt' holds {len(prompt)} prompts; this server takes one per request", "prompt")
+        raise APIError(400, f"'prompt' holds {len(prompt)} prompts: parse_jobs takes them apart", "prompt")
     if not isinstance(prompt, list):
         raise APIError(400, f"'prompt' must be text or a list of token ids, got {type(prompt).__name__}", "prompt")
     try:
@@ -315,10 +330,50 @@ def render_chat(tokenizer: Tokenizer, messages: list[dict]) -> str:
         raise APIError(400, f"the chat template refused these messages: {e}", "messages") from None
 
 
-def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
-    """A completions (or chat completions) body -> a checked ``Job``, or an ``APIError``."""
+def parse_jobs(body: Any, model: ModelInfo, chat: bool) -> list[Job]:
+    """A body -> one checked ``Job`` per choice: ``n`` of each prompt (completions take a list of
+    prompts, as text or as lists of ids), in the order of their ``index``. With a seed, choice j
+    of a prompt samples with seed + j, so that the choices differ yet repeat from run to run."""
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    n = _get(body, "n", (int,), 1, "a positive integer")
+    prompt = body.get("prompt")
+    several = (
+        not chat and isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt)
+    )
+    prompts = prompt if several else [prompt]
+    if n < 1 or n * len(prompts) > MAX_CHOICES:
+        message = f"'n' ({n}) times the prompts ({len(prompts)}) must be between 1 and {MAX_CHOICES} choices"
+        raise APIError(400, message, "n")
+    jobs = []
+    for i, p in enumerate(prompts):
+        one = {k: v for k, v in body.items() if k != "n"} | ({} if chat else {"prompt": p})
+        try:
+            job = parse_job(one, model, chat)
+        except APIError as e:
+            if several and e.param == "prompt":
+                e.param = f"prompt[{i}]"
+            raise
+        for j in range(n):
+            request = copy_requests([job.request])[0]
+            if j and request.params.seed is not None:
+                request.params = dataclasses.replace(request.params, seed=(request.params.seed + j) % 2**63)
+            first = jobs[0] if jobs else job
+            jobs.append(
+                dataclasses.replace(
+                    job, request=request, index=len(jobs), first_of_prompt=j == 0, id=first.id, created=first.created
+                )
+            )
+    return jobs
+
+
+def parse_job(body: Any, model: ModelInfo, chat: bool) -> Job:
+    """A completions (or chat completions) body of one choice -> a checked ``Job``, or an
+    ``APIError`` (``parse_jobs`` takes a body of several choices apart)."""
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    if body.get("n", 1) != 1:
+        raise APIError(400, "parse_job reads a body of one choice: parse_jobs takes 'n' apart", "n")
     name = _get(body, "model", (str,), model.name, "a string")
     if name != model.name:
         raise APIError(
@@ -410,6 +465,12 @@ def usage(job: Job, completion_tokens: int) -> dict:
     return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
 
 
+def total_usage(jobs: list[Job], completion_tokens: int) -> dict:
+    """The usage of an answer of several choices: each prompt counted once, every choice's tokens."""
+    n = sum(len(job.request.prompt) for job in jobs if job.first_of_prompt)
+    return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
+
+
 class Logprobs:
     """An answer's ``logprobs`` field, piece by piece, as each API defines it. Completions (the
     legacy format): ``tokens``, ``token_logprobs``, ``top_logprobs`` (the top N and the chosen
@@ -476,11 +537,11 @@ def _choice(
     job: Job, text: str, token_ids: list[int], finish_reason: str | None, chunk: bool, logprobs: dict | None = None
 ) -> dict:
     if not job.chat:
-        choice = {"index": 0, "text": text}
+        choice = {"index": job.index, "text": text}
     elif chunk:
-        choice = {"index": 0, "delta": {"content": text} if text else {}}
+        choice = {"index": job.index, "delta": {"content": text} if text else {}}
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        choice = {"index": job.index, "message": {"role": "assistant", "content": text}}
     choice.update(logprobs=logprobs, finish_reason=finish_reason)
     if job.return_token_ids:
         choice["token_ids"] = token_ids
@@ -507,12 +568,17 @@ def chunk_json(
 
 def role_chunk_json(job: Job, model: str) -> dict:
     """A streamed chat answer's first chunk: who speaks."""
-    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    choice = {
+        "index": job.index,
+        "delta": {"role": "assistant", "content": ""},
+        "logprobs": None,
+        "finish_reason": None,
+    }
     return _envelope(job, model, True, [choice])
 
 
-def usage_chunk_json(job: Job, model: str, completion_tokens: int) -> dict:
-    return {**_envelope(job, model, True, []), "usage": usage(job, completion_tokens)}
+def usage_chunk_json(jobs: list[Job], model: str, completion_tokens: int) -> dict:
+    return {**_envelope(jobs[0], model, True, []), "usage": total_usage(jobs, completion_tokens)}
 
 
 def response_json(

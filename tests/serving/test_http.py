@@ -335,6 +335,42 @@ def test_chat_logprobs_equal_a_direct_forward(live):
     assert all(len(c.top_logprobs) == 2 for c in content)
 
 
+def test_n_choices_sample_with_their_own_seeds(live):
+    """n=3 with a seed: three different answers, choice j the one a request of seed 5 + j gets,
+    the prompt counted once in the usage; streamed, the chunks of each index give the same texts."""
+    args = dict(model=NAME, prompt=PROMPT, max_tokens=10, temperature=1.0, extra_body={"return_token_ids": True})
+    r = live.client.completions.create(n=3, seed=5, **args)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    texts = [c.text for c in r.choices]
+    assert len(set(texts)) == 3, "three seeds should give three answers"
+    for j, choice in enumerate(r.choices):
+        alone = live.client.completions.create(seed=5 + j, **args).choices[0]
+        assert choice.model_extra["token_ids"] == alone.model_extra["token_ids"]
+    ids = live.tokenizer.encode(PROMPT)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 30)
+    chunks = [c for c in live.client.completions.create(n=3, seed=5, stream=True, **args) if c.choices]
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == j) for j in range(3)]
+    assert streamed == texts
+
+
+def test_a_list_of_prompts_is_answered_prompt_by_prompt(live):
+    """Four prompts in one request, two choices each: the choices come in prompt order (index
+    i * n + j), each the greedy answer to its prompt; usage counts every prompt once."""
+    prompts = ["def add(a, b):", "class Stack:", "import os", "x = ["]
+    r = live.client.completions.create(
+        model=NAME, prompt=prompts, n=2, max_tokens=6, temperature=0, extra_body={"return_token_ids": True}
+    )
+    assert [c.index for c in r.choices] == list(range(8))
+    for c in r.choices:
+        assert c.model_extra["token_ids"] == live.greedy(live.tokenizer.encode(prompts[c.index // 2]), 6)
+    assert r.usage.prompt_tokens == sum(len(live.tokenizer.encode(p)) for p in prompts)
+    assert r.usage.completion_tokens == 8 * 6
+    as_ids = live.client.completions.create(
+        model=NAME, prompt=[live.tokenizer.encode(p) for p in prompts[:2]], max_tokens=6, temperature=0
+    )
+    assert [c.text for c in as_ids.choices] == [r.choices[0].text, r.choices[2].text]
+
+
 def test_chat_completion_renders_the_template(live):
     messages = [{"role": "user", "content": "Add two numbers."}]
     ids = live.tokenizer.encode(render_chat(live.tokenizer, messages), add_special_tokens=False)
@@ -603,7 +639,7 @@ def test_events_or_a_collected_answer_ended_early_close_the_answer(chat):
 
     async def main():
         answer = pieces()
-        events = sse_events(job, NAME, answer)
+        events = sse_events([job], NAME, [answer], [None])
         assert (await anext(events)).startswith("data: ")  # a chat's first event comes before any piece
         await events.aclose()
         assert answer.ag_frame is None, "the answer was left open"
@@ -623,7 +659,6 @@ BAD = [
     ("/v1/completions", {"prompt": 5}, 400, "prompt", "text or a list of token ids"),
     ("/v1/completions", {"prompt": [1.5, 2]}, 400, "prompt", "not an int"),
     ("/v1/completions", {"prompt": [1, 99999]}, 400, "prompt", "vocabulary"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", "one per request"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", "integer"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "positive"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 600}, 400, "max_tokens", "context length 512"),
@@ -635,7 +670,10 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "seed": "x"}, 400, "seed", "seed must be"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", "true or false"),
     ("/v1/completions", {"prompt": "hi", "stop": 5}, 400, "stop", "'stop'"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n", "not supported"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n", "between 1 and 64"),
+    ("/v1/completions", {"prompt": ["a", "b"], "n": 33}, 400, "n", "between 1 and 64"),
+    ("/v1/completions", {"prompt": ["a", 5]}, 400, "prompt", "text or a list of token ids"),
+    ("/v1/completions", {"prompt": ["a", [1, 99999]]}, 400, "prompt[1]", "vocabulary"),
     ("/v1/completions", {"prompt": "hi", "max_token": 40}, 400, "max_token", "did you mean 'max_tokens'"),
     ("/v1/completions", {"prompt": "hi", "messages": []}, 400, "messages", "unknown field 'messages'"),
     ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", "(0, 100]"),
