@@ -168,6 +168,20 @@ def test_a_benchmark_saves_its_figures_unless_no_save(store, tmp_path, monkeypat
     assert report.load_results("bench_kv") == {hardware: figures}
 
 
+def test_without_minillm_results_a_benchmark_saves_in_the_current_directory(tmp_path, monkeypatch, capsys):
+    """Never into the package (or its source tree), whose saved results the chapters read."""
+    monkeypatch.delenv("MINILLM_RESULTS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(PRESETS, "tiny-mha", tiny_config())
+    packaged = set(report.RESULTS_DIR.rglob("*.json"))
+    argv = ["bench", "kv", "--shape", "tiny-mha", "--contexts", "8", "--new-tokens", "2", "--repeats", "1"]
+    status, out, err = run_main([*argv, "--device", "cpu", "--no-progress"], capsys)
+    assert status == 0, err
+    saved = tmp_path / "minillm-results" / report.hardware_slug("cpu") / "bench_kv.json"
+    assert saved.is_file() and f"figures saved to {saved}" in out
+    assert set(report.RESULTS_DIR.rglob("*.json")) == packaged
+
+
 # Each benchmark's module (``minillm.bench.X``): faking its ``bench_*`` and ``format_*`` functions
 # tests each command's own work (its options built and checked, its end) in a second, not the measuring.
 BENCH_MODULES = {"generate": "generation", **{name: name for name in BENCHMARKS - {"generate"}}}

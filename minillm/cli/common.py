@@ -227,7 +227,7 @@ def output_options(name: str) -> argparse.ArgumentParser:
     """--json and --no-save: where a command's figures go besides the results store."""
     p = parent()
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
-    help_ = f"do not save them to the results store (minillm/results/<hardware>/{name}.json, or $MINILLM_RESULTS)"
+    help_ = f"do not save them (to $MINILLM_RESULTS or ./minillm-results, as <hardware>/{name}.json)"
     p.add_argument("--no-save", action="store_true", help=help_)
     p.set_defaults(result_name=name)
     return p

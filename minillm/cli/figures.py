@@ -1,6 +1,7 @@
-"""A command's figures: its tables printed, the figures written to ``--json`` if asked and saved to
-the results store (``measure.report.save_result``) unless ``--no-save``; every benchmark (and
-``train gqa``) ends here, so every one saves the same way.
+"""A command's figures: its tables printed, the figures written to ``--json`` if asked and saved
+(``measure.report.save_result``) unless ``--no-save``, under $MINILLM_RESULTS or ./minillm-results
+(``measure.report.user_results``), never into the package; every benchmark (and ``train gqa``)
+ends here, so every one saves the same way.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def report_figures(
             write_json(args.json, figures)
         if save and not args.no_save:
             hardware = report.hardware_slug(device) if device else None
-            print(f"figures saved to {report.save_result(args.result_name, figures, hardware)}")
+            path = report.save_result(args.result_name, figures, hardware, report.user_results())
+            print(f"figures saved to {path}")
     except OSError as e:  # a folder it cannot write (report.write_json says what to set): one line
         raise CliError(f"figures not written: {e}") from None
     return 0

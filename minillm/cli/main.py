@@ -4,7 +4,7 @@
     python -m minillm generate --prompt "def fibonacci(n):" --tensor-parallel 2   # 2 ranks, same text
     torchrun --nproc-per-node 2 -m minillm generate --prompt "def fibonacci(n):" --tensor-parallel 2
     python -m minillm serve --model minillm-target --port 8000
-    python -m minillm bench generate   # saved to minillm/results/<hardware>/bench_generate.json
+    python -m minillm bench generate   # saved to ./minillm-results/<hardware>/bench_generate.json
     python -m minillm bench kv --no-save --json kv.json
     python -m minillm models
 

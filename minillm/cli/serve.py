@@ -37,6 +37,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             dtype=DTYPES[args.dtype] if args.dtype else None,
             shutdown_timeout=args.shutdown_timeout,
             **({} if args.max_body_bytes is None else {"max_body_bytes": args.max_body_bytes}),
+            served_model_name=args.served_model_name,
+            log_level=args.log_level,
             quantize=args.quantize,
             group_size=args.group_size,
         )
@@ -68,6 +70,17 @@ def add_serve(commands) -> None:
         default=None,
         help="require 'Authorization: Bearer KEY' on every /v1 request (default: $MINILLM_API_KEY, "
         "which, unlike the command line, ps does not show)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the name clients send as 'model' and /v1/models lists (default: --model as given)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="info (default): a line per request (id, status, tokens, TTFT, total, finish); warning: problems only",
     )
     p.add_argument(
         "--max-body-bytes",

@@ -4,7 +4,8 @@
   machine's load, torch version, dtype, model, date), put into every result dict;
 - the results store: ``minillm/results/<hardware>/<name>.json`` (or under ``$MINILLM_RESULTS``),
   written by ``save_result`` and read by ``load_results`` (chapters plot saved runs next to their
-  live ones);
+  live ones); the command-line benchmarks save to ``user_results()`` ($MINILLM_RESULTS, else
+  ./minillm-results), so that a reader's run never overwrites what the book ships;
 - ``format_table``: rows of figures as an aligned text table, for the command line and notebooks.
 """
 
@@ -120,6 +121,13 @@ def check_name(name: str) -> None:
 def results_root(results_dir: str | Path | None = None) -> Path:
     """The results store: ``results_dir`` if given, else $MINILLM_RESULTS, else the package's."""
     return Path(results_dir or os.environ.get("MINILLM_RESULTS") or RESULTS_DIR)
+
+
+def user_results() -> Path:
+    """Where a command-line benchmark saves: $MINILLM_RESULTS, else ./minillm-results in the
+    current directory; never the installed package or its source tree, whose results the
+    chapters read (refresh those on purpose: MINILLM_RESULTS=minillm/results python -m minillm bench ...)."""
+    return Path(os.environ.get("MINILLM_RESULTS") or Path.cwd() / "minillm-results")
 
 
 def result_path(name: str, hardware: str, results_dir: str | Path | None = None) -> Path:

@@ -55,6 +55,7 @@ class TokenDelta:
     finish_reason: str | None = None
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked for them
+    started: float | None = None  # when the request first ran (engine clock), on every delta once known
 
     @property
     def finished(self) -> bool:
@@ -309,19 +310,21 @@ class AsyncEngine:
             stream = self._streams.get(seq.id)
             if stream is not None and len(seq.outputs) > stream.sent:
                 logprobs = self.engine.logprobs_so_far(seq.id)
-                deltas.append((stream, self._delta(stream, seq.outputs, seq.token_times, logprobs=logprobs)))
+                delta = self._delta(stream, seq.outputs, seq.token_times, logprobs=logprobs, started=seq.started)
+                deltas.append((stream, delta))
         for out in finished:
             stream = self._streams.get(out.request.id)
             self.engine.outputs.pop(out.request.id, None)  # a server's engine keeps no history
             if stream is not None:
                 times, logprobs = out.metrics.token_times, out.logprobs or ()
-                deltas.append((stream, self._delta(stream, out.tokens, times, out.finish_reason, out.error, logprobs)))
+                delta = self._delta(stream, out.tokens, times, out.finish_reason, out.error, logprobs, out.started)
+                deltas.append((stream, delta))
         self._deliver(deltas)
 
     @staticmethod
-    def _delta(stream: RequestStream, tokens, times, reason=None, error=None, logprobs=()) -> TokenDelta:
+    def _delta(stream: RequestStream, tokens, times, reason=None, error=None, logprobs=(), started=None) -> TokenDelta:
         n = stream.sent
-        return TokenDelta(tuple(tokens[n:]), tuple(times[n:]), reason, error, tuple(logprobs[n:]))
+        return TokenDelta(tuple(tokens[n:]), tuple(times[n:]), reason, error, tuple(logprobs[n:]), started)
 
     def _deliver(self, deltas: list[tuple[RequestStream, TokenDelta]]) -> None:
         """Count, snapshot the engine, then publish: a caller who sees its request end sees its
@@ -350,6 +353,8 @@ class AsyncEngine:
             "kv_blocks_used": allocator.num_used,
             "kv_blocks_free": allocator.num_available,
             "kv_blocks_total": allocator.num_blocks,
+            "prefix_query_tokens": s.prefix_query_tokens,
+            "prefix_hit_tokens": s.prefix_hit_tokens,
             "preemptions": s.preemptions,
             "steps": e.steps,
             **self.counters,

@@ -102,6 +102,7 @@ class RequestOutput(TimedTokens):
     finish_reason: str = "length"  # "length" (max_tokens reached), "stop" (a stop id), "error"
     error: str | None = None  # what went wrong while serving this request (finish_reason "error")
     logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
+    started: float | None = None  # when it first ran (engine clock; None: it never did)
 
     def token_lists(self) -> list[list[int]]:
         return [list(self.tokens)]
@@ -311,6 +312,9 @@ class Engine:
         A ``SimulatedModel`` runs nothing: each such row gets token 0, what its zero logits would give."""
         fed = self._fed(work)
         self.padding_rows += fed[1]
+        for w in work:
+            if w.seq.started is None:  # its first step: its queueing ends now
+                w.seq.started = self.now
         done = [w.seq.num_computed + w.n >= len(w.seq.tokens) for w in work]  # else a prompt chunk, mid-prompt
         if isinstance(self.model, SimulatedModel):
             return [0 if d else None for d in done], fed
@@ -378,7 +382,9 @@ class Engine:
         metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
         out = seq.outputs
         reason = finish_reason or ("stop" if out and out[-1] in r.stop_ids else "length")
-        self.outputs[r.id] = RequestOutput(r, out, metrics, seq.preemptions, reason, logprobs=logprobs)
+        self.outputs[r.id] = RequestOutput(
+            r, out, metrics, seq.preemptions, reason, logprobs=logprobs, started=seq.started
+        )
         return self.outputs[r.id]
 
     def _wait(self) -> None:

@@ -20,11 +20,13 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import math
 import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,7 +46,9 @@ from .openai_api import (
     answer,
     chunk_json,
     engine_timing,
+    parse_job,
     parse_jobs,
+    refuse_unfittable_text,
     response_json,
     role_chunk_json,
     total_usage,
@@ -56,7 +60,9 @@ from .workload import Request
 SERVE_EXTRA = "pip install 'minillm[serve]' (fastapi, uvicorn, prometheus_client, jinja2)"
 MAX_BODY_BYTES = 4 * 2**20  # a request body larger than this is a 413 (``--max-body-bytes``)
 API_KEY_VARIABLE = "MINILLM_API_KEY"  # where ``serve`` reads the key when no --api-key is given
-ROUTES = "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics"
+ROUTES = "/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, /health, /metrics"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+access_log = logging.getLogger("minillm.access")  # one line per answered request (``--log-level info``)
 
 
 def require_serve_extra() -> None:
@@ -84,6 +90,8 @@ class ServerOptions:
     dtype: torch.dtype | None = None  # None: as the runtime picks (minillm.runtime.compute_dtype)
     shutdown_timeout: float = 5.0  # seconds requests in flight may take to finish on SIGTERM
     max_body_bytes: int = MAX_BODY_BYTES  # a larger request body is refused (413) before it is read
+    served_model_name: str | None = None  # the name clients send as "model" (default: ``model``)
+    log_level: str = "info"  # info: an access line per request; warning: errors and warnings only
     quantize: str | None = None  # weight-only "int8" | "int4" | "fp8", through the runtime
     group_size: int | None = None  # int4 only
 
@@ -97,6 +105,11 @@ class ServerOptions:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string or None")
         check_field_types(self, ints=("max_batch", "num_blocks", "block_size", "max_body_bytes"))
+        name = self.served_model_name
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ValueError(f"served_model_name must be a non-empty string or None, got {name!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         t = self.shutdown_timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"shutdown_timeout must be a finite number of seconds >= 0, got {t!r}")
@@ -144,8 +157,28 @@ def create_app(
 
     from .prometheus import ServerMetrics
 
+    name = name.strip()
+
     info = model_info(name, tokenizer, engine.engine)
     metrics = ServerMetrics(engine)
+
+    class CountResponses:
+        """Counts every HTTP response by its status, for /metrics (plain ASGI: a streamed answer
+        and a client's disconnect pass through untouched)."""
+
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] != "http":
+                return await self.app(scope, receive, send)
+
+            async def sending(message):
+                if message["type"] == "http.response.start":
+                    metrics.count_response(message["status"])
+                await send(message)
+
+            await self.app(scope, receive, sending)
 
     class EngineStreamingResponse(StreamingResponse):
         """The events of the engine requests of one answer (one per choice). However the response
@@ -180,12 +213,16 @@ def create_app(
             raise APIError(401, "a valid API key is needed: send 'Authorization: Bearer KEY'", code="invalid_api_key")
 
     app = FastAPI(title="minillm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(CountResponses)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
 
     async def serve(request: HTTPRequest, chat: bool):
+        received = time.perf_counter()
         raw = await read_body(request, max_body_bytes)
         jobs = await asyncio.to_thread(lambda: parse_jobs(json_body(raw), info, chat))
         first = jobs[0]
+        for job in jobs:
+            job.received = received
         if first.echo and first.logprobs is not None:  # a forward of each prompt, in a worker thread too
             found: dict[tuple[int, ...], list] = {}
             for job in jobs:
@@ -198,7 +235,9 @@ def create_app(
             pieces = [no_pieces() for _ in jobs]
             if first.stream:
                 return StreamingResponse(sse_events(jobs, info.name, pieces, formats), media_type="text/event-stream")
-            return JSONResponse(await collect_all(jobs, info.name, pieces, formats))
+            body = await collect_all(jobs, info.name, pieces, formats)
+            log_answer(jobs, 200)
+            return JSONResponse(body)
         streams = []
         try:
             for job in jobs:
@@ -228,7 +267,9 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):  # cancel() only asks: wait until it has
                     await collecting
         if collecting.cancelled():
+            log_answer(jobs, 499)
             return Response(status_code=499)  # nobody is listening (nginx's "client closed request")
+        log_answer(jobs, 200)
         return JSONResponse(collecting.result())
 
     @v1.post("/completions")
@@ -250,6 +291,41 @@ def create_app(
             raise APIError(404, message, "model", "model_not_found")
         return info.card()
 
+    @app.post("/tokenize", dependencies=[Depends(authorize)])
+    async def tokenize(request: HTTPRequest):
+        """vLLM's /tokenize: a prompt's token ids (its text or chat messages), as the model reads it."""
+        body = json_body(await read_body(request, max_body_bytes))
+        if not isinstance(body, dict) or ("prompt" in body) == ("messages" in body):
+            raise APIError(400, "/tokenize takes a JSON object with 'prompt' (text) or 'messages'", "prompt")
+        if "messages" in body:
+            ids = await asyncio.to_thread(lambda: parse_job({"messages": body["messages"]}, info, True).request.prompt)
+        elif isinstance(body["prompt"], str):
+            add = body.get("add_special_tokens", True)
+            if not isinstance(add, bool):
+                raise APIError(400, "'add_special_tokens' must be true or false", "add_special_tokens")
+            refuse_unfittable_text(len(body["prompt"]), info, "prompt")
+            ids = await asyncio.to_thread(tokenizer.encode, body["prompt"], add)
+        else:
+            raise APIError(400, f"'prompt' must be text, got {type(body['prompt']).__name__}", "prompt")
+        return {"tokens": ids, "count": len(ids), "max_model_len": info.max_seq_len}
+
+    @app.post("/detokenize", dependencies=[Depends(authorize)])
+    async def detokenize(request: HTTPRequest):
+        """vLLM's /detokenize: token ids -> text."""
+        body = json_body(await read_body(request, max_body_bytes))
+        ids = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise APIError(400, "/detokenize takes a JSON object with 'tokens': a list of token ids", "tokens")
+        if any(not 0 <= t < info.vocab_size for t in ids):
+            raise APIError(400, f"'tokens' must be token ids below {info.vocab_size}", "tokens")
+        return {"prompt": tokenizer.decode(ids)}
+
+    @app.get("/version")
+    async def version():
+        from .. import __version__
+
+        return {"version": __version__}
+
     app.include_router(v1)
 
     @app.get("/health")
@@ -265,6 +341,7 @@ def create_app(
 
     @app.exception_handler(APIError)
     async def api_error(request: HTTPRequest, e: APIError):
+        access_log.info("%s %s %d %s", request.method, request.url.path, e.status, e.message)
         headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None  # what a 401 must say (RFC 9110)
         return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
@@ -347,6 +424,7 @@ async def collect(job, model: str, pieces, logprobs: Logprobs | None = None) -> 
         async for piece in pieces:
             if piece.error is not None:
                 raise APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
+            job.saw(piece)
             text.append(piece.text)
             ids += piece.token_ids
             times += piece.times
@@ -369,6 +447,19 @@ async def sse_events(jobs, model: str, pieces: list, formats: list):
     choices interleaved, then the usage when asked for, then ``data: [DONE]``. Closed early (the
     client gone), it closes every choice's ``pieces``, which ends their requests."""
     counts = [0] * len(jobs)
+    try:
+        async with contextlib.aclosing(_interleaved(jobs, model, pieces, formats, counts)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+    finally:
+        log_answer(jobs, 200)
+    if jobs[0].include_usage:
+        yield event(usage_chunk_json(jobs, model, sum(counts)))
+    yield event("[DONE]")
+
+
+async def _interleaved(jobs, model: str, pieces: list, formats: list, counts: list[int]):
+    """The choices' chunks as they come (one choice: its own, in order)."""
     if len(jobs) == 1:
         async with contextlib.aclosing(choice_events(jobs[0], model, pieces[0], formats[0], counts)) as events:
             async for chunk in events:
@@ -399,9 +490,24 @@ async def sse_events(jobs, model: str, pieces: list, formats: list):
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    if jobs[0].include_usage:
-        yield event(usage_chunk_json(jobs, model, sum(counts)))
-    yield event("[DONE]")
+
+
+def log_answer(jobs, status: int) -> None:
+    """The access log's line for one answered request: its id and status, then per choice the
+    prompt and output tokens, time to first token and total (s, from the request's arrival at
+    the server) and how it ended ("gone" for a client that left first)."""
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    choices = []
+    for job in jobs:
+        ttft = f"{job.first_token_at - job.received:.3f}" if job.first_token_at is not None else "-"
+        total = f"{(job.done_at or time.perf_counter()) - job.received:.3f}"
+        reason = job.finish_reason or "gone"
+        choices.append(
+            f"prompt={len(job.request.prompt)} output={job.produced} ttft={ttft}s total={total}s finish={reason}"
+        )
+    route = "/v1/chat/completions" if jobs[0].chat else "/v1/completions"
+    access_log.info("%s POST %s %d %s", jobs[0].id, route, status, "; ".join(choices))
 
 
 async def choice_events(job, model: str, pieces, logprobs: Logprobs | None, counts: list[int], k: int = 0):
@@ -419,6 +525,7 @@ async def choice_events(job, model: str, pieces, logprobs: Logprobs | None, coun
                 failed = APIError(500, f"the request failed in the engine: {piece.error}", code="engine_error")
                 yield event(failed.body())
                 break
+            job.saw(piece)
             counts[k] += len(piece.token_ids)
             times += piece.times
             if piece.text or piece.finish_reason or ((job.return_token_ids or logprobs) and piece.token_ids):
@@ -450,7 +557,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(app, shutdown_timeout: float, drain: Callable[[], None] | None = None):
+def make_server(app, shutdown_timeout: float, drain: Callable[[], None] | None = None, log_level: str = "warning"):
     """A uvicorn server for ``app``. On SIGINT/SIGTERM (or ``should_exit``) it stops accepting,
     lets requests in flight run for ``shutdown_timeout`` s, then calls ``drain`` (which aborts what
     is left, so that every stream still ends with its last chunk and ``[DONE]``); a connection
@@ -485,11 +592,23 @@ def make_server(app, shutdown_timeout: float, drain: Callable[[], None] | None =
         http="h11",
         loop="asyncio",
         lifespan="on",
-        log_level="warning",
+        log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=shutdown_timeout + (2 if drain else 0),
     )
     return Server(config)
+
+
+def configure_logging(level: str) -> None:
+    """minillm's log lines (the access log included) on stderr at ``level``; uvicorn's own at the
+    same level, its access log off (ours has the tokens and latencies)."""
+    logger = logging.getLogger("minillm")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logging.getLogger("uvicorn").setLevel(level.upper())
 
 
 def warm_up(model, block_size: int) -> None:
@@ -501,20 +620,24 @@ def warm_up(model, block_size: int) -> None:
 def run_server(options: ServerOptions) -> int:
     """Load the model, print where it is served, and serve until SIGINT/SIGTERM; returns 0."""
     require_serve_extra()
+    configure_logging(options.log_level)
     model, tokenizer = load_model(options.model, options.runtime_options())
     engine = AsyncEngine(Engine(model, options.engine_config()))
     warm_up(model, options.block_size)
-    app = create_app(engine, options.model, tokenizer, options.api_key, options.max_body_bytes)
+    name = options.served_model_name or options.model
+    shown = options.model if name == options.model else f"{options.model} as {name!r}"
+    app = create_app(engine, name, tokenizer, options.api_key, options.max_body_bytes)
     sock = bind(options.host, options.port)
     host = f"[{options.host}]" if ":" in options.host else options.host
     where = f"{model.device.type}, {str(model.dtype).removeprefix('torch.')}"
     if model.device.type == "cpu":
         where += f", {threads_label(torch.get_num_threads())}"
     print(
-        f"serving {options.model} on http://{host}:{sock.getsockname()[1]} ({where}; max batch "
+        f"serving {shown} on http://{host}:{sock.getsockname()[1]} ({where}; max batch "
         f"{options.max_batch}, {options.num_blocks} KV blocks of {options.block_size} tokens)",
         flush=True,
     )
-    make_server(app, options.shutdown_timeout, drain=lambda: engine.shutdown(timeout=0)).run(sockets=[sock])
+    drain = lambda: engine.shutdown(timeout=0)  # noqa: E731
+    make_server(app, options.shutdown_timeout, drain, options.log_level).run(sockets=[sock])
     print("server stopped", file=sys.stderr, flush=True)
     return 0

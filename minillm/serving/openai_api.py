@@ -144,6 +144,21 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     index: int = 0  # the choice's place in the answer: prompt i's choice j is i * n + j
     first_of_prompt: bool = True  # counts its prompt's tokens in the usage (once per prompt, not per choice)
+    # what the server saw of it (time.perf_counter), for the access log
+    received: float = 0.0  # the request arrived
+    first_token_at: float | None = None
+    done_at: float | None = None
+    produced: int = 0  # tokens of the answer
+    finish_reason: str | None = None
+
+    def saw(self, piece: Piece) -> None:
+        """Account for one piece of the answer (the access log's figures)."""
+        now = time.perf_counter()
+        if piece.token_ids and self.first_token_at is None:
+            self.first_token_at = now
+        self.produced += len(piece.token_ids)
+        if piece.finish_reason is not None:
+            self.finish_reason, self.done_at = piece.finish_reason, now
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ class SequenceState:
     num_computed: int = 0  # tokens whose K/V are in the pool
     token_times: list[float] = field(default_factory=list)  # when each output token came out
     preemptions: int = 0
+    started: float | None = None  # when it first ran (engine clock): its queueing ends there
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt)
@@ -99,6 +100,7 @@ class Scheduler:
         self.running: list[SequenceState] = []  # in admission order
         self.preemptions = 0
         self.prefix_hit_tokens = 0  # prompt tokens whose K/V came from the prefix cache
+        self.prefix_query_tokens = 0  # prompt tokens looked up in it
         self.batch_rows = 0  # static/dynamic: rows of the current batch, finished ones included
 
     def add(self, seq: SequenceState) -> None:
@@ -201,6 +203,7 @@ class Scheduler:
     def _admit(self, seq: SequenceState, end: int) -> None:
         self.blocks.prepare_write(seq.id, seq.num_computed, end)
         self.prefix_hit_tokens += seq.num_computed
+        self.prefix_query_tokens += len(seq.tokens)
         self.running.append(self.waiting.popleft())
 
     def _unstart(self, seq: SequenceState) -> None:

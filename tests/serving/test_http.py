@@ -411,6 +411,80 @@ def test_metrics_name_what_the_issue_asks_for(live):
     assert live.metric("minillm_kv_blocks_free") == POOL_BLOCKS and live.metric("minillm_generation_tokens_total") >= 3
 
 
+def test_the_operators_metrics_parse_and_count_what_happened(checkpoint):
+    """On a fresh server: two requests sharing a 32-token prefix, one streamed, and one bad one.
+    Prometheus' own parser reads every family; the split latencies, lengths, prefix-cache
+    tokens, KV usage and responses by status count exactly those requests."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    model, tokenizer = minillm.load(checkpoint)
+    engine = make_engine(model)
+    prefix = list(range(1, 33))
+    with LiveServer(create_app(engine, NAME, tokenizer), engine) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+        client.completions.create(model=NAME, prompt=prefix + [40, 41], max_tokens=5, temperature=0)
+        list(client.completions.create(model=NAME, prompt=prefix + [50], max_tokens=4, temperature=0, stream=True))
+        assert httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_token": 3}, timeout=10).status_code == 400
+        deadline = time.monotonic() + 10
+        while True:
+            families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)}
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+            if samples.get(("minillm_request_generation_tokens_count", ()), 0) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    for name in ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds"):
+        assert samples[(f"minillm_{name}_count", ())] == 2, name
+    assert samples[("minillm_time_per_output_token_seconds_count", ())] == 2
+    assert samples[("minillm_request_prompt_tokens_sum", ())] == 34 + 33
+    assert samples[("minillm_request_generation_tokens_sum", ())] == 5 + 4
+    assert samples[("minillm_prefix_cache_queries_total", ())] == 34 + 33
+    assert samples[("minillm_prefix_cache_hits_total", ())] == 32  # the second found the first's two blocks
+    assert 0 <= samples[("minillm_kv_cache_usage_ratio", ())] <= 1
+    assert samples[("minillm_http_responses_total", (("status", "200"),))] >= 2
+    assert samples[("minillm_http_responses_total", (("status", "400"),))] == 1
+
+
+def test_the_access_log_has_a_line_per_request(live):
+    import logging
+
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("minillm.access")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        r = live.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, temperature=0)
+        list(live.client.completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0, stream=True))
+        httpx.post(f"{live.url}/v1/completions", json={"prompt": "hi", "max_tokens": 0}, timeout=10)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    n = len(live.tokenizer.encode(PROMPT))
+    assert re.fullmatch(
+        rf"{r.id} POST /v1/completions 200 prompt={n} output=4 ttft=\d+\.\d{{3}}s total=\d+\.\d{{3}}s finish=length",
+        lines[0],
+    ), lines
+    assert f"prompt={n} output=3" in lines[1] and "finish=length" in lines[1]
+    assert lines[2].startswith("POST /v1/completions 400 'max_tokens' must be a positive integer"), lines[2]
+
+
+def test_tokenize_detokenize_and_version(live):
+    ids = live.tokenizer.encode(PROMPT)
+    r = httpx.post(f"{live.url}/tokenize", json={"prompt": PROMPT}, timeout=10).json()
+    assert r == {"tokens": ids, "count": len(ids), "max_model_len": 512}
+    chat = httpx.post(f"{live.url}/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    expected = live.tokenizer.encode(
+        render_chat(live.tokenizer, [{"role": "user", "content": "hi"}]), add_special_tokens=False
+    )
+    assert chat.json()["tokens"] == expected
+    assert httpx.post(f"{live.url}/detokenize", json={"tokens": ids}, timeout=10).json() == {"prompt": PROMPT}
+    assert httpx.post(f"{live.url}/detokenize", json={"tokens": [99999]}, timeout=10).status_code == 400
+    assert httpx.post(f"{live.url}/tokenize", json={}, timeout=10).status_code == 400
+    assert httpx.get(f"{live.url}/version", timeout=10).json() == {"version": minillm.__version__}
+
+
 def test_64_concurrent_streams_each_get_their_own_answer(live):
     prompts = [[(7 * i + j) % live.tokenizer.vocab_size for j in range(3 + i % 9)] for i in range(64)]
     expected = [live.greedy(p, 6) for p in prompts]
@@ -556,8 +630,11 @@ def test_serve_reads_the_api_key_from_the_environment(monkeypatch, capsys):
     assert run_main(["serve", "--model", "minillm-draft"], capsys)[0] == 0
     assert run_main(["serve", "--model", "minillm-draft", "--api-key", "given"], capsys)[0] == 0
     assert run_main(["serve", "--model", "minillm-draft", "--max-body-bytes", "1000"], capsys)[0] == 0
-    assert [o.api_key for o in seen] == ["from-env", "given", "from-env"]
-    assert [o.max_body_bytes for o in seen] == [http.MAX_BODY_BYTES, http.MAX_BODY_BYTES, 1000]
+    named = ["serve", "--model", "minillm-draft", "--served-model-name", "draft", "--log-level", "warning"]
+    assert run_main(named, capsys)[0] == 0
+    assert [o.api_key for o in seen] == ["from-env", "given", "from-env", "from-env"]
+    assert [o.max_body_bytes for o in seen] == [http.MAX_BODY_BYTES, http.MAX_BODY_BYTES, 1000, http.MAX_BODY_BYTES]
+    assert [(o.served_model_name, o.log_level) for o in seen] == [(None, "info")] * 3 + [("draft", "warning")]
 
 
 def test_a_request_when_the_engine_is_not_running_is_a_503(checkpoint):
