@@ -53,12 +53,15 @@ UNSUPPORTED = {
     "prediction": (None,),
     "audio": (None,),
     "modalities": (["text"],),
+    "web_search_options": ({},),
+    "verbosity": ("medium",),
 }
 ADJUSTMENTS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")  # serving.logits
 # Fields read from a request's body, by endpoint; any other field is a 400 that names it (a typo such
 # as "max_token" would otherwise quietly give the default). Fields the answer cannot depend on here
 # (who the user is, what to store or bill) are accepted as they are.
 NOT_APPLICABLE = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort")
+NOT_APPLICABLE += ("prompt_cache_key", "safety_identifier")
 COMMON_FIELDS = (
     "model",
     "max_tokens",
