@@ -316,9 +316,20 @@ def cpu_note(cores: int) -> str:
 # Tables
 
 
+class _Count(int):
+    """A count as a table prints it: an integer (right-aligned) with thousands separators."""
+
+    def __str__(self) -> str:
+        return f"{int(self):,}"
+
+
 def _whole(rows: Sequence[Mapping], keys: Sequence[str]) -> list[dict]:
-    """Rows with the counts among ``keys`` as integers (a saved run stores them as floats)."""
-    return [{**r, **{k: int(r[k]) for k in keys if isinstance(r.get(k), float) and r[k].is_integer()}} for r in rows]
+    """Rows with the counts among ``keys`` as integers with separators (a saved run stores them as
+    floats; a count that is not whole stays as it is)."""
+    return [
+        {**r, **{k: _Count(r[k]) for k in keys if isinstance(r.get(k), (int, float)) and float(r[k]).is_integer()}}
+        for r in rows
+    ]
 
 
 def format_tensor(figures: Mapping) -> str:
@@ -326,11 +337,11 @@ def format_tensor(figures: Mapping) -> str:
         "ranks": "ranks",
         "prefill_ms": "prefill ms",
         "decode_ms": "decode ms/token",
-        "tokens_equal": "tokens = 1 process",
+        "tokens_equal": "same tokens as 1 process",
         "calls_per_token": "all-reduces per token",
         "bytes_per_token": "bytes per token per rank",
-        "formula_bytes_per_token": "formula",
-        "bytes_equal": "equal",
+        "formula_bytes_per_token": "formula bytes",
+        "bytes_equal": "counted equals formula",
     }
     title = f"Tensor parallel: {figures['options']['prompt_len']}-token prompt, fp32, medians (measured)"
     rows = _whole(figures["tensor_parallel"], ("calls_per_token", "bytes_per_token", "formula_bytes_per_token"))
@@ -342,12 +353,12 @@ def format_pipeline(figures: Mapping) -> str:
         "ranks": "ranks",
         "prefill_ms": "prefill ms",
         "decode_ms": "decode ms/token",
-        "tokens_equal": "tokens = 1 process",
+        "tokens_equal": "same tokens as 1 process",
         "bytes_per_token": "bytes per token (all ranks)",
-        "formula_bytes_per_token": "formula",
-        "bytes_equal": "equal",
-        "bubble": "bubble",
-        "formula_bubble": "(p-1)/p",
+        "formula_bytes_per_token": "formula bytes",
+        "bytes_equal": "counted equals formula",
+        "bubble": "bubble measured",
+        "formula_bubble": "formula (p-1)/p",
     }
     rows = [
         {**r, "bubble": f"{r['bubble_measured']:.0%}", "formula_bubble": f"{r['bubble_formula']:.0%}"}
@@ -361,7 +372,7 @@ def format_gpu_links(rows: Sequence[Mapping]) -> str:
         "scheme": "scheme",
         "ranks": "ranks",
         "link": "link",
-        "comm_us_per_token": "comm us /token",
+        "comm_us_per_token": "comm us per token",
         "cpu_decode_ms": "CPU decode ms",
     }
     title = "The same counted bytes per token on GPU links (predicted: NCCL latency + bytes / bandwidth)"
@@ -376,7 +387,7 @@ def format_speedups(rows: Sequence[Mapping]) -> str:
         "total_ms": "step ms",
         "comm_ms": "comm ms",
         "predicted_speedup": "speedup",
-        "published_speedup": "gpt-fast",
+        "published_speedup": "gpt-fast published",
     }
     title = "Tensor-parallel decode, batch 1 (predicted; gpt-fast's published speedups on 8 x A100)"
     return format_table(rows, columns, title=title)
@@ -387,10 +398,10 @@ def format_replicas(rows: Sequence[Mapping]) -> str:
         "replicas": "replicas",
         "requests_per_s": "requests/s",
         "output_tokens_per_s": "tokens/s",
-        "throughput_vs_first": "vs 1 replica",
+        "throughput_vs_first": "tokens/s vs 1 replica",
         "tpot_p50_ms": "TPOT p50 ms",
         "ttft_p50_ms": "TTFT p50 ms",
-        "tokens_equal": "tokens = 1 engine",
+        "tokens_equal": "same tokens as 1 engine",
     }
     title = "Data parallel: whole replicas behind a router, one burst (measured on the wall clock)"
     return format_table(rows, columns, title=title)

@@ -1,13 +1,15 @@
-"""Chapter 15's pictures: the four ways to spread one model's inference over several GPUs drawn
+"""Chapter 15's pictures: the five ways to spread one model's inference over several GPUs drawn
 side by side (replicas; tensor parallel, Shoeybi et al., 2019; pipeline, Huang et al., 2019;
-context parallel, ring attention, Liu et al., 2023), a pipeline's timeline with its bubble
-(p - 1) / (m + p - 1), which K/V block each rank holds at each step of ring attention, the causal
-work per rank of a contiguous and a zigzag split of the sequence, predicted against published
-tensor-parallel speedups, and counted bytes against their formulas.
+context parallel, ring attention, Liu et al., 2023; expert parallel, Lepikhin et al., 2020),
+a pipeline's timeline with its bubble (p - 1) / (m + p - 1), which K/V block each rank holds at
+each step of ring attention, the causal work per rank of a contiguous and a zigzag split of the
+sequence, predicted against published tensor-parallel speedups, and counted bytes against their
+formulas.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -25,7 +27,7 @@ IDEAL_COLOR = "0.5"
 
 
 # ---------------------------------------------------------------------------------------------
-# The four kinds
+# The five kinds
 
 
 def _panel(ax, title: str) -> None:
@@ -36,23 +38,26 @@ def _panel(ax, title: str) -> None:
 
 def _draw_replicas(ax) -> None:
     _panel(ax, "replicas: N whole copies, requests split")
-    box(ax, 0.2, 2.4, 1.6, 1.2, "requests", "white")
-    for i, y in enumerate((4.3, 2.4, 0.5)):
-        box(ax, 4.2, y, 5.4, 1.2, f"GPU {i}: the whole model\n(all layers, own KV cache)", RANK_COLORS[i], fontsize=8)
-        arrow(ax, (1.85, 3.0), (4.15, y + 0.6))
-    ax.text(3.0, 5.6, "nothing exchanged between GPUs", ha="center", fontsize=8, color="0.3")
+    box(ax, 0.2, 2.3, 1.6, 1.4, "requests", "white")
+    for i, y in enumerate((4.3, 2.3, 0.3)):
+        box(ax, 4.2, y, 5.4, 1.4, f"GPU {i}: the whole model\n(all layers, own KV cache)", RANK_COLORS[i], fontsize=8)
+        arrow(ax, (1.85, 3.0), (4.15, y + 0.7))
+    ax.text(1.0, 1.0, "nothing exchanged\nbetween GPUs", ha="center", va="center", fontsize=8, color="0.3")
 
 
 def _draw_tensor(ax) -> None:
     _panel(ax, "tensor parallel: every layer's matrices split")
-    box(ax, 0.1, 2.5, 1.3, 1.0, "x\n(tokens, d)", "white", fontsize=8)
-    for i, y in enumerate((3.6, 0.9)):
-        box(ax, 2.2, y, 2.6, 1.4, f"rank {i}\nq/k/v, gate/up:\ncolumns {i + 1}/2", RANK_COLORS[i], fontsize=8)
-        box(ax, 5.3, y, 2.0, 1.4, f"o, down:\nrows {i + 1}/2\n(partial sum)", RANK_COLORS[i], fontsize=8)
-        arrow(ax, (1.45, 3.0), (2.15, y + 0.7))
-        arrow(ax, (4.85, y + 0.7), (5.25, y + 0.7))
-        arrow(ax, (7.35, y + 0.7), (7.95, 3.0), color=COMM_COLOR)
-    box(ax, 8.0, 2.3, 1.9, 1.4, "all-reduce\n(sum)\n2 per layer", "#e5d8f0", fontsize=8)
+    box(ax, 0.1, 2.25, 1.3, 1.5, "x\n(tokens, d)", "white", fontsize=8)
+    for i, y in enumerate((3.5, 0.4)):
+        # named by what each rank computes: half the outputs, or half the inputs, of each matrix
+        columns = f"rank {i}: q/k/v, gate/up\ncolumn-parallel:\noutputs, half {i + 1}/2"
+        rows = f"o, down: row-parallel\ninputs, half {i + 1}/2\n(partial sum)"
+        box(ax, 1.9, y, 2.6, 2.1, columns, RANK_COLORS[i], fontsize=8)
+        box(ax, 4.9, y, 2.7, 2.1, rows, RANK_COLORS[i], fontsize=8)
+        arrow(ax, (1.45, 3.0), (1.85, y + 1.05))
+        arrow(ax, (4.55, y + 1.05), (4.85, y + 1.05))
+        arrow(ax, (7.65, y + 1.05), (8.05, 3.0), color=COMM_COLOR)
+    box(ax, 8.1, 1.95, 1.8, 2.1, "all-reduce\n(sum)\n2 per layer", "#e5d8f0", fontsize=8)
 
 
 def _draw_pipeline(ax) -> None:
@@ -60,17 +65,17 @@ def _draw_pipeline(ax) -> None:
     width, gap = 1.9, 0.6
     for i in range(4):
         x = 0.1 + i * (width + gap)
-        box(ax, x, 2.3, width, 1.6, f"rank {i}\nlayers\n{8 * i}-{8 * i + 7}", RANK_COLORS[i], fontsize=8)
+        box(ax, x, 1.9, width, 2.2, f"rank {i}\nlayers\n{8 * i}-{8 * i + 7}", RANK_COLORS[i], fontsize=8)
         if i < 3:
-            arrow(ax, (x + width + 0.03, 3.1), (x + width + gap - 0.03, 3.1), color=COMM_COLOR)
-    ax.text(5.0, 1.6, "activations (tokens, d) sent rank to rank", ha="center", fontsize=8, color=COMM_COLOR)
-    ax.text(5.0, 4.6, "micro-batches keep every rank busy, but for the bubble", ha="center", fontsize=8, color="0.3")
+            arrow(ax, (x + width + 0.03, 3.0), (x + width + gap - 0.03, 3.0), color=COMM_COLOR)
+    ax.text(5.0, 0.9, "activations (tokens, d) sent rank to rank", ha="center", fontsize=8, color=COMM_COLOR)
+    ax.text(5.0, 4.7, "micro-batches keep every rank busy, but for the bubble", ha="center", fontsize=8, color="0.3")
 
 
 def _draw_context(ax) -> None:
     _panel(ax, "context parallel: the sequence split, K/V passed round a ring")
-    centers = [(2.6, 4.3), (7.4, 4.3), (7.4, 1.3), (2.6, 1.3)]
-    w, h = 3.0, 1.1
+    centers = [(2.6, 4.6), (7.4, 4.6), (7.4, 1.3), (2.6, 1.3)]
+    w, h = 3.0, 1.5
     for i, (cx, cy) in enumerate(centers):
         box(ax, cx - w / 2, cy - h / 2, w, h, f"rank {i}: tokens\nchunk {i} (Q, K, V)", RANK_COLORS[i], fontsize=8)
     for i in range(4):
@@ -81,14 +86,28 @@ def _draw_context(ax) -> None:
         else:
             sign = 1 if y1 > y0 else -1
             arrow(ax, (x0, y0 + sign * h / 2), (x1, y1 - sign * h / 2), color=COMM_COLOR)
-    ax.text(5.0, 2.8, "K/V blocks\nround the ring", ha="center", va="center", fontsize=8, color=COMM_COLOR)
+    ax.text(5.0, 2.95, "K/V blocks\nround the ring", ha="center", va="center", fontsize=8, color=COMM_COLOR)
 
 
-def draw_parallelism_kinds(title: str = "Four ways to run one model on several GPUs"):
-    """Four schematic panels, one above the other: replicas, tensor parallel, pipeline, context
-    parallel; what each rank holds and, in purple, what travels between ranks."""
-    fig, axes = plt.subplots(4, 1, figsize=(WIDTH_IN, 8.8))
-    for draw, ax in zip((_draw_replicas, _draw_tensor, _draw_pipeline, _draw_context), axes.flat):
+def _draw_expert(ax) -> None:
+    _panel(ax, "expert parallel: a MoE layer's experts split, tokens sent to them")
+    for i, y in enumerate((3.05, 0.75)):
+        box(ax, 0.1, y, 2.6, 2.0, f"rank {i}: its own tokens\nattention, router\n(whole)", RANK_COLORS[i], fontsize=8)
+        box(ax, 7.3, y, 2.6, 2.0, f"experts {2 * i}-{2 * i + 1}\n(of 4)", RANK_COLORS[i], fontsize=8)
+    for y0, y1 in ((4.05, 4.25), (4.05, 2.0), (1.75, 3.85), (1.75, 1.55)):  # every rank to every rank
+        arrow(ax, (2.75, y0), (7.25, y1), color=COMM_COLOR)
+    line = "all-to-all: each token to the ranks of its top-k experts,"
+    ax.text(5.0, 5.45, line, ha="center", va="center", fontsize=8, color=COMM_COLOR)
+    back = "and the experts' outputs back (a second all-to-all)"
+    ax.text(5.0, 0.3, back, ha="center", va="center", fontsize=8, color=COMM_COLOR)
+
+
+def draw_parallelism_kinds(title: str = "Five ways to run one model on several GPUs"):
+    """Five schematic panels, one above the other: replicas, tensor parallel, pipeline, context
+    parallel, expert parallel; what each rank holds and, in purple, what travels between ranks."""
+    panels = (_draw_replicas, _draw_tensor, _draw_pipeline, _draw_context, _draw_expert)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH_IN, 1.78 * len(panels)))
+    for draw, ax in zip(panels, axes.flat):
         draw(ax)
     fig.suptitle(title)
     return finish(fig)
@@ -263,7 +282,8 @@ def plot_comm_bytes(rows: Sequence[Mapping], hardware: str = "", title: str = ""
     ax.set_yscale("log")
     values = [r[k] for r in rows for k in ("measured", "formula")]
     ax.set_ylim(min(values) / 10, max(values) * 3)  # the smallest bar stays visible
-    ax.set_xticks(x, [r["kind"] for r in rows])
+    # each label wrapped to its bar pair's width, so neighbours never run into each other
+    ax.set_xticks(x, ["\n".join(textwrap.wrap(r["kind"], 14)) for r in rows])
     ax.set(xlabel="communication", ylabel="payload bytes per rank (log)")
     ax.grid(axis="x", visible=False)
     legend_under(fig, ax, ncol=2)

@@ -34,15 +34,21 @@ def overlapping(fig) -> list[tuple[str, str]]:
     return [(a, b) for i, (a, ea) in enumerate(boxes) for b, eb in boxes[i + 1 :] if ea.overlaps(eb)]
 
 
-def test_four_kinds_drawn():
+def test_five_kinds_drawn():
     fig = draw_parallelism_kinds()
-    assert len(fig.axes) == 4 and fig.get_figwidth() <= 10
+    assert len(fig.axes) == 5 and fig.get_figwidth() <= 10
     titles = [ax.get_title() for ax in fig.axes]
-    for word, ax in zip(("replicas", "tensor parallel", "pipeline", "context parallel"), fig.axes):
+    kinds = ("replicas", "tensor parallel", "pipeline", "context parallel", "expert parallel")
+    for word, ax in zip(kinds, fig.axes):
         assert ax.get_title().startswith(word), titles
-    replicas, tensor, pipeline, context = fig.axes
+    replicas, tensor, pipeline, context, expert = fig.axes
     assert sum("whole model" in t for t in texts(replicas)) == 3
     assert any("all-reduce" in t for t in texts(tensor)) and sum(t.startswith("rank") for t in texts(tensor)) == 2
+    # the prose's names: column-parallel splits a matrix's outputs, row-parallel its inputs
+    assert sum("column-parallel" in t and "outputs" in t for t in texts(tensor)) == 2
+    assert sum("row-parallel" in t and "inputs" in t for t in texts(tensor)) == 2
+    assert sum(t.startswith("experts") for t in texts(expert)) == 2
+    assert any("all-to-all" in t for t in texts(expert))
     assert sum(t.startswith("rank") for t in texts(pipeline)) == 4
     ring_arrows = [a for a in context.patches if isinstance(a, FancyArrowPatch)]
     assert len(ring_arrows) == 4
@@ -129,6 +135,12 @@ def test_comm_bytes_bars():
     assert [b.get_height() for b in ax.patches] == [1920, 10, 1920, 12]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["TP all-reduce", "ring"]
     assert "2 CPU processes" in ax.get_title()
+    plt.close(fig)
+    long = [{"kind": k, "measured": 10, "formula": 10} for k in ("PP: rank 0 sends", "ring: 37 tokens, 1 layer")] * 3
+    fig = plot_comm_bytes(long)
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in fig.axes[0].get_xticklabels()]
+    assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:])), "tick labels run into each other"
     plt.close(fig)
     with pytest.raises(ValueError, match="row 0 needs measured"):
         plot_comm_bytes([{"kind": "x", "measured": 0, "formula": 1}])
