@@ -56,6 +56,13 @@ class KVBench:
             raise ValueError(f"dtype must be a floating-point torch dtype, got {self.dtype!r}")
 
 
+def dtype_name(dtype: torch.dtype | str) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # the glossary's names
+
+
 def fill_with_random(cache: SlotBuffers, config: ModelConfig, context: int, chunk: int = 1024) -> None:
     """Put ``context`` tokens of random K/V into a cache through its own interface (no model run):
     decode speed does not depend on the values, and the prefill is not what is timed."""
@@ -109,8 +116,9 @@ class Technique:
     retrain: str  # what it takes to use it on a trained model
 
 
-def techniques(window: int = 256, budget: int = 256, group: int = 2) -> list[Technique]:
-    """Each way to shrink the cache, as a model variant plus a cache kind."""
+def techniques(window: int = 256, budget: int = 256, group: int = 2, n_heads: int | None = None) -> list[Technique]:
+    """Each way to shrink the cache, as a model variant plus a cache kind. With ``n_heads`` (the
+    query heads of the model measured) GQA and MQA are named by their K/V-head counts."""
 
     def same(c: ModelConfig) -> int:
         return c.n_kv_heads
@@ -121,10 +129,12 @@ def techniques(window: int = 256, budget: int = 256, group: int = 2) -> list[Tec
     def selective(policy: str) -> Callable[[Transformer, int, int], Cache]:
         return lambda m, b, n: SelectiveKVCache.for_model(m, b, min(budget, n), policy=policy)
 
+    gqa = f"GQA ({gqa_heads(n_heads)} of {n_heads} K/V heads)" if n_heads else "GQA (about 1/4 of the K/V heads)"
+    mqa = f"MQA (1 of {n_heads} K/V heads)" if n_heads else "MQA (1 K/V head)"
     return [
         Technique("MHA (baseline)", same, contiguous, "-"),
-        Technique("GQA (about 1/4 of the K/V heads)", lambda c: gqa_heads(c.n_heads), contiguous, "convert + uptrain"),
-        Technique("MQA (1 K/V head)", lambda c: 1, contiguous, "convert + uptrain"),
+        Technique(gqa, lambda c: gqa_heads(c.n_heads), contiguous, "convert + uptrain"),
+        Technique(mqa, lambda c: 1, contiguous, "convert + uptrain"),
         Technique(
             f"cross-layer, groups of {group}",
             same,
@@ -178,7 +188,7 @@ def _rows_at(context: int, chosen: dict[str, tuple[Technique, Transformer]], o: 
     for name, (tech, model) in chosen.items():
         held = tech.make_cache(model, o.batch, context)  # sized for exactly this context
         tokens_per_s = o.batch * o.new_tokens / timings[name].median
-        row = {"technique": name, "kv_heads": model.config.n_kv_heads, "context": context}
+        row = {"technique": name, "kv_heads": model.config.n_kv_heads, "context": context, "dtype": dtype_name(o.dtype)}
         rows.append({**row, "kv_bytes": held.nbytes, "tokens_per_s": tokens_per_s, "retrain": tech.retrain})
     return rows
 
@@ -206,7 +216,7 @@ def bench_kv(config: ModelConfig, options: KVBench) -> dict:
         repeats=o.repeats,
         contexts=list(o.contexts),
     )
-    rows = kv_benchmark(config, o)
+    rows = kv_benchmark(config, o, techniques(n_heads=config.n_heads))
     baseline = {r["context"]: r for r in rows if r["technique"] == "MHA (baseline)"}
     for r in rows:
         r["memory_vs_mha"] = r["kv_bytes"] / baseline[r["context"]]["kv_bytes"]
@@ -241,22 +251,33 @@ def format_kv_bench(result: dict) -> str:
     return format_table(rows, columns, title=title)
 
 
-def summary_rows(bench_rows: Sequence[dict], perplexity: dict[str, float], baseline_ppl: float) -> list[dict]:
-    """One row per technique: memory saved and decode speed change (from ``kv_benchmark`` at its
-    longest context), perplexity change (from ``perplexity``, keyed by technique name), retraining."""
+def summary_rows(
+    bench_rows: Sequence[dict],
+    perplexity: dict[str, float],
+    baseline_ppl: float,
+    dtype: torch.dtype | str | None = None,
+) -> list[dict]:
+    """One row per technique: KV memory saved and decode speed, both against MHA in the dtype the
+    benchmark ran in (from ``kv_benchmark`` at its longest context; the headers name that baseline),
+    perplexity change (from ``perplexity``, keyed by technique name), retraining."""
     longest = max(r["context"] for r in bench_rows)
     rows = [r for r in bench_rows if r["context"] == longest]
     base = next(r for r in rows if r["technique"].startswith("MHA"))
+    dtype = dtype_name(dtype) if dtype is not None else base.get("dtype")
+    baseline = f"{SHORT_DTYPE.get(dtype, dtype)} MHA" if dtype else "MHA"
 
     def ppl_change(name: str) -> str:
-        return f"{perplexity[name] - baseline_ppl:+.1f}" if name in perplexity else "not measured"
+        if name not in perplexity:
+            return "not measured"
+        change = round(perplexity[name] - baseline_ppl, 1) or 0.0  # never "-0.0"
+        return f"{change:+.1f}"
 
     return [
         {
             "technique": r["technique"],
-            "memory saved": f"{1 - r['kv_bytes'] / base['kv_bytes']:.0%}",
-            "decode speed": f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
-            "perplexity": ppl_change(r["technique"]),
+            f"KV memory saved vs {baseline}": f"{1 - r['kv_bytes'] / base['kv_bytes']:.0%}",
+            f"decode speed vs {baseline}": f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
+            "perplexity change": ppl_change(r["technique"]),
             "retraining": r["retrain"],
         }
         for r in rows

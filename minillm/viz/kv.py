@@ -95,7 +95,7 @@ def plot_kv_bench(rows, title: str = ""):
     longest = max(r["context"] for r in rows)
     last = [r for r in rows if r["context"] == longest]
     base = next(r for r in last if r["technique"].startswith("MHA"))
-    names = [r["technique"] for r in last]
+    names = [_named_by_heads(r, base.get("kv_heads")) for r in last]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 2 * (0.3 * len(names) + 0.9) + 0.6), sharey=True)
     ax1.barh(names, [r["kv_bytes"] / base["kv_bytes"] for r in last], color="tab:blue")
     ax2.barh(names, [r["tokens_per_s"] / base["tokens_per_s"] for r in last], color="tab:green")
@@ -106,6 +106,15 @@ def plot_kv_bench(rows, title: str = ""):
     ax2.yaxis.set_tick_params(labelleft=True)  # one above the other: each panel names its rows
     fig.suptitle(f"{title}\ncontext {longest} tokens")
     return finish(fig)
+
+
+def _named_by_heads(row: dict, n_heads: int | None) -> str:
+    """GQA and MQA rows named by their K/V-head counts ("GQA (3 of 9 K/V heads)"), whatever name a
+    saved run gave them; the other techniques keep theirs."""
+    kind = row["technique"].split()[0]
+    if kind in ("GQA", "MQA") and n_heads and "kv_heads" in row:
+        return f"{kind} ({row['kv_heads']} of {n_heads} K/V heads)"
+    return row["technique"]
 
 
 def plot_uptraining(saved: dict, n_heads: int, title: str = ""):

@@ -92,8 +92,12 @@ def test_bench_kv_reports_its_provenance_and_the_ratios_to_mha():
     text = format_kv_bench(result)
     assert "tok/s" in text and "int8 KV" in text
     assert max(len(line) for line in text.splitlines()) <= PAGE_WIDTH
-    summary = summary_rows(result["rows"], {"MHA (baseline)": 10.0}, 10.0)
-    assert summary[0]["perplexity"] == "+0.0" and summary[1]["perplexity"] == "not measured"
+    assert {r["technique"].split()[0] for r in result["rows"]} >= {"GQA", "MQA"}
+    assert "GQA (2 of 4 K/V heads)" in {r["technique"] for r in result["rows"]}
+    summary = summary_rows(result["rows"], {"MHA (baseline)": 10.0, "int8 KV": 9.99}, 10.0)
+    assert summary[0]["perplexity change"] == "+0.0" and summary[1]["perplexity change"] == "not measured"
+    assert next(r for r in summary if r["technique"] == "int8 KV")["perplexity change"] == "+0.0"  # not -0.0
+    assert "KV memory saved vs fp32 MHA" in summary[0]  # the header names its baseline
 
 
 @pytest.mark.parametrize(
