@@ -1,8 +1,9 @@
 """``python -m minillm bench BENCHMARK``: the command line of the benchmarks. Each command builds
 the benchmark's options, runs it, and ends in ``common.report_figures``: its tables printed, its
 figures written to ``--json`` if asked and saved as ``bench_<name>`` under $MINILLM_RESULTS or
-./minillm-results (never into the package) unless ``--no-save``. Every benchmark takes ``--threads``, ``--json`` and ``--no-save``
-(``common.add_benchmark``); those that start processes are in ``bench_processes``.
+./minillm-results (never into the package) unless ``--no-save``. Every benchmark takes
+``--threads``, ``--json`` and ``--no-save`` (``common.add_benchmark``); those that start
+processes are in ``bench_processes``.
 """
 
 from __future__ import annotations
