@@ -248,6 +248,9 @@ def format_goodput(figures: Mapping) -> str:
         "slo_met_pct": "in SLO %",
     }
     title = f"Chat-like workload (measured), SLO TTFT {slo['ttft']} s, TPOT {1e3 * slo['tpot']:g} ms; times in ms"
+    n = figures["options"].get("n_requests")
+    if n is not None and n < 100:  # a p99 of fewer than 100 values is (nearly) the largest
+        title += f"\n{n:,} requests per rate: each p99 is about the largest of them"
     return format_table(figures["goodput"], columns, title=title)
 
 
@@ -255,13 +258,13 @@ def format_transfer(figures: Mapping) -> str:
     t = figures["transfer"]
     rows = [
         {"what": "handoffs", "value": t["handoffs"]},
-        {"what": "bytes that differ from the formula", "value": t["formula_mismatches"]},
+        {"what": "handoffs whose bytes differ from the formula", "value": t["formula_mismatches"]},
         {"what": "K/V per request, MB (mean)", "value": t["mean_kv_mb"]},
         {"what": "transfer p50 / p99, ms", "value": f"{t['transfer_p50_ms']:.2f} / {t['transfer_p99_ms']:.2f}"},
         {"what": "transfer rate p50, GB/s", "value": t["rate_p50_gb_s"]},
         {"what": "first token -> taken in, p50 ms", "value": t["handoff_wait_p50_ms"]},
     ]
-    return format_table(rows, {"what": "K/V handoffs (gloo, this machine)", "value": ""})
+    return format_table(rows, {"what": "measure", "value": "value"}, title="K/V handoffs (gloo, this machine)")
 
 
 def format_links(rows: Sequence[Mapping]) -> str:

@@ -82,7 +82,8 @@ def draw_disaggregation(prefill_workers: int = 1, decode_workers: int = 1, title
     """Clients send requests to a router, which gives each prompt to one of the prefill workers
     and names a decode worker; the prefill worker runs the prompt, samples the first token and
     sends the K/V blocks of every layer with the first token to that decode worker
-    (``torch.distributed`` send/recv), which decodes the rest and streams the tokens back. Each
+    (``torch.distributed`` send/recv), which decodes the rest and returns all the tokens, the
+    first included, through the router: the prefill worker sends nothing to the client. Each
     worker holds its own copy of the model and its own paged KV pool (Zhong et al., 2024)."""
     _check_workers(prefill_workers=prefill_workers, decode_workers=decode_workers)
     fig, ax = _canvas(WIDTH, 4.5, title)
@@ -103,7 +104,8 @@ def draw_disaggregation(prefill_workers: int = 1, decode_workers: int = 1, title
     lowest = min(y + h / 2 for y, h in prefill + decode)
     kv_label = "KV blocks (all layers)\n+ first token\n(torch.distributed\nsend/recv)"
     ax.text((px + w + dx) / 2, lowest - 0.12, kv_label, ha="center", va="top", fontsize=7, color="tab:purple")
-    _return_path(ax, dx + w / 2, decode[-1][0], 0.4, mid - 0.6, "tokens streamed back to the clients")
+    back = "every token, the first included, back from the decode worker (through the router)"
+    _return_path(ax, dx + w / 2, decode[-1][0], 0.4, mid - 0.6, back)
     return fig
 
 

@@ -83,24 +83,65 @@ def plot_load_sweep(rows: Sequence[dict], slo: SLO, title: str, ax=None):
 # Chapter 13: batching policies
 
 
+def _request_colors(n: int) -> list:
+    """``n`` colors that can be told apart: tab10's, then tab20's pale halves, then a cycle."""
+    dark = [plt.get_cmap("tab10")(i) for i in range(10)]
+    pale = [plt.get_cmap("tab20")(2 * i + 1) for i in range(10)]
+    palette = dark + pale
+    return [palette[i % len(palette)] for i in range(n)]
+
+
 def plot_batch_timeline(step_logs: dict, max_batch: int, title: str = ""):
-    """Who rides in each batch row at each step: one panel per policy, one color per request,
+    """Who rides in each batch row at each step: one panel per policy, one color per request
+    (its number written where it boards a row), its prompt dotted, its decode steps plain, and
     padding rows (finished members of a static batch, still computed) hatched gray."""
-    height = min(8.8, 1.1 + 0.45 * max_batch * len(step_logs))
+    from matplotlib.patches import Patch
+
+    height = min(8.8, 1.6 + 0.5 * max_batch * len(step_logs))
     fig, axes = plt.subplots(len(step_logs), 1, figsize=(WIDTH_IN, height), sharex=True)
     axes = np.atleast_1d(axes)
-    cmap = plt.get_cmap("tab20")
+    ids = sorted({rid for log in step_logs.values() for r in log for rid, _ in r.work})
+    color = dict(zip(ids, _request_colors(len(ids))))
     for ax, (name, log) in zip(axes, step_logs.items()):
+        previous: dict[int, int] = {}  # row -> the request in it at the previous step
         for r in log:
             x, w = 1e3 * r.start, 1e3 * r.duration
             for row, (rid, n) in enumerate(r.work):
-                ax.broken_barh([(x, w)], (row + 0.1, 0.8), color=cmap(rid % 20), alpha=1.0 if n == 1 else 0.55)
+                prompt = n > 1  # prompt tokens; a decode row feeds 1
+                edge = "white" if prompt else color[rid]  # the hatch's color
+                ax.broken_barh(
+                    [(x, w)],
+                    (row + 0.1, 0.8),
+                    facecolor=color[rid],
+                    edgecolor=edge,
+                    lw=0,
+                    hatch="...." if prompt else None,
+                )
+                if previous.get(row) != rid:  # boards this row: say who it is
+                    ax.text(
+                        x + 1,
+                        row + 0.5,
+                        str(rid),
+                        ha="left",
+                        va="center",
+                        fontsize=7,
+                        color="black",
+                        bbox={"fc": "white", "ec": "none", "alpha": 0.75, "pad": 0.4},
+                    )
             for row in range(len(r.work), len(r.work) + r.padding_rows):
-                ax.broken_barh([(x, w)], (row + 0.1, 0.8), facecolor="none", edgecolor="gray", hatch="////", lw=0)
-        ax.set(ylim=(0, max_batch), ylabel="batch row", yticks=range(max_batch))
+                ax.broken_barh([(x, w)], (row + 0.1, 0.8), facecolor="0.93", edgecolor="0.45", hatch="////", lw=0)
+            previous = {row: rid for row, (rid, _) in enumerate(r.work)}
+        ax.set(ylim=(0, max_batch), ylabel="batch row", yticks=[i + 0.5 for i in range(max_batch)])
+        ax.set_yticklabels([str(i) for i in range(max_batch)])
         ax.set_title(f"{name}: {len(log)} steps", fontsize=10, loc="left")
         ax.grid(False)
     axes[-1].set_xlabel("time (ms, simulated)")
+    handles = [
+        Patch(facecolor="0.6", hatch="....", edgecolor="white", label="prompt (prefill step)"),
+        Patch(facecolor="0.6", label="decode step (one color per request, its number where it takes a row)"),
+        Patch(facecolor="0.93", edgecolor="0.45", hatch="////", label="padding row (computed, thrown away)"),
+    ]
+    legend_under(fig, handles=handles, labels=[h.get_label() for h in handles], ncol=1, fontsize=8)
     fig.suptitle(title)
     return finish(fig)
 
@@ -156,18 +197,21 @@ def plot_rate_sweep(rows: Sequence[dict], slo: SLO, title: str = ""):
 
 
 def plot_latency_throughput(rows: Sequence[dict], slo: SLO, title: str = ""):
-    """The latency-throughput curve: each point one request rate, p99 TTFT and p50 TPOT against
-    the throughput achieved; a policy is better where its curve lies lower and further right."""
+    """The latency-throughput curve: each point one request rate, p99 TTFT and p99 TPOT against
+    the throughput achieved (TPOT p50 where the rows have no p99, labelled so: the SLO's bound
+    is on the p99); a policy is better where its curve lies lower and further right."""
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(WIDTH_IN, 6.4))
+    p99 = all(r.get("tpot_p99_ms") is not None for r in rows)
+    tpot_key, tpot_label = ("tpot_p99_ms", "TPOT p99 (ms)") if p99 else ("tpot_p50_ms", "TPOT p50 (ms)")
     for policy in dict.fromkeys(r["policy"] for r in rows):
         mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["rate"])
         x = [r["tokens_per_s"] for r in mine]
         ax1.plot(x, [r["ttft_p99_ms"] for r in mine], "o-", color=POLICY_COLORS.get(policy), label=policy)
-        ax2.plot(x, [r["tpot_p50_ms"] for r in mine], "o-", color=POLICY_COLORS.get(policy), label=policy)
+        ax2.plot(x, [r[tpot_key] for r in mine], "o-", color=POLICY_COLORS.get(policy), label=policy)
     ax1.axhline(1e3 * slo.ttft, color="gray", ls="--", lw=1, label="SLO")
-    ax2.axhline(1e3 * slo.tpot, color="gray", ls="--", lw=1, label="SLO (p99 bound)")
+    ax2.axhline(1e3 * slo.tpot, color="gray", ls="--", lw=1, label="SLO" if p99 else "SLO\n(bound on\nthe p99)")
     ax1.set(xlabel="throughput (output tokens/s)", ylabel="TTFT p99 (ms)", yscale="log")
-    ax2.set(xlabel="throughput (output tokens/s)", ylabel="TPOT p50 (ms)")
+    ax2.set(xlabel="throughput (output tokens/s)", ylabel=tpot_label)
     legend_right(ax1)
     legend_right(ax2)
     fig.suptitle(title)

@@ -53,7 +53,7 @@ def test_bench_disagg_measures_all_three_modes_on_real_processes(tmp_path):
     assert t["handoffs"] == 6 and t["formula_mismatches"] == 0 and t["transfer_p50_ms"] > 0
     assert figures["step_cost"]["prefill"]["per_prefill_token"] >= 0
     text = format_disagg(figures)
-    assert "Decoding while long prompts arrive" in text and "bytes that differ from the formula" in text
+    assert "Decoding while long prompts arrive" in text and "handoffs whose bytes differ from the formula" in text
     assert max(len(line) for line in text.splitlines()) <= 88
     json.dumps(figures)  # saved as JSON
 
