@@ -3,6 +3,7 @@ and what a shared system prompt costs with and without the prefix cache.
 
 - ``memory_waste``: % of reserved KV slots left empty, contiguous max-length reservations against
   paging at several block sizes, on the final lengths of many requests;
+- ``waste_while_growing``: the same waste counted at every length a sequence passes through;
 - ``block_size_rows`` and ``gather_times``: per block size, the waste, the tokens of a system
   prompt prefix caching can share, the block table's size, and the time to read K through tables;
 - ``bench_prefix_cache``: TTFT of requests sharing a system prompt, with and without the cache
@@ -72,13 +73,15 @@ def gather_times(
     block_sizes: Sequence[int],
     batch: int = 8,
     context: int = 512,
-    repeats: int = 15,
+    repeats: int = 21,
     seed: int = 0,
-) -> dict[int, float]:
-    """Seconds (the fastest of ``repeats``) to read one layer's K of ``batch`` sequences of
-    ``context`` tokens through their block tables (``gather_kv``), per block size; the blocks lie
-    scattered in the pool. The block sizes take turns in every round (the timing harness), so drift
-    hits them alike, and the fastest run is the one least disturbed by other work on the machine."""
+) -> dict[int, dict[str, float]]:
+    """Milliseconds to read one layer's K of ``batch`` sequences of ``context`` tokens through
+    their block tables (``gather_kv``), per block size: the median of ``repeats`` and the 25th and
+    75th percentiles (``q1_ms``, ``q3_ms``), whose gap measures the noise.
+    The blocks lie scattered in the pool. The block sizes take turns in every round (the timing
+    harness), so drift hits them alike, after ``repeats`` untimed rounds: the first copies of a
+    process also pay for fresh memory from the operating system, which is not the gather."""
     g = torch.Generator().manual_seed(seed)
     contenders = {}
     for bs in block_sizes:
@@ -86,8 +89,20 @@ def gather_times(
         pool = torch.randn(num_blocks, bs, config.n_kv_heads, config.head_dim, generator=g)
         tables = torch.randperm(num_blocks, generator=g).view(batch, -1)
         contenders[str(bs)] = partial(_gather, pool, tables)
-    timings = interleaved(contenders, repeats, device="cpu")
-    return {bs: timings[str(bs)].fastest for bs in block_sizes}
+    timings = interleaved(contenders, repeats, device="cpu", warmup=repeats)
+    out = {}
+    for bs in block_sizes:
+        q1, q3 = np.percentile(timings[str(bs)].seconds, [25, 75])
+        out[bs] = {"median_ms": timings[str(bs)].median_ms, "q1_ms": 1e3 * float(q1), "q3_ms": 1e3 * float(q3)}
+    return out
+
+
+def waste_while_growing(prompt_lens: Sequence[int], final_lens: Sequence[int], block_size: int) -> float:
+    """Fraction of the KV slots held in blocks that stay empty, counting each sequence once at
+    every length it holds while it decodes (its prompt, then one token more per step, up to one
+    short of its final length): the waste a server sees over time, not at the end."""
+    lengths = [n for p, f in zip(prompt_lens, final_lens, strict=True) for n in range(p, max(f, p + 1))]
+    return kv_waste(lengths, block_size)
 
 
 def _gather(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:

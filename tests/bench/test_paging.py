@@ -10,6 +10,7 @@ from minillm.bench.paging import (
     memory_waste,
     prefix_sharing_memory,
     shared_prompt_savings,
+    waste_while_growing,
 )
 from tests.conftest import tiny_model
 
@@ -32,8 +33,8 @@ def test_shared_prompt_arithmetic_and_block_size_rows():
     rows = block_size_rows([16, 17, 100], [1, 16, 64], system_len=1000, context=4096)
     assert [r["shared_system_tokens"] for r in rows] == [1000, 992, 960]
     assert [r["table_entries"] for r in rows] == [4096, 256, 64] and rows[0]["waste_pct"] == 0.0
-    times = gather_times(MODEL.config, [1, 8], batch=2, context=32, repeats=2)
-    assert set(times) == {1, 8} and all(t > 0 for t in times.values())
+    times = gather_times(MODEL.config, [1, 8], batch=2, context=32, repeats=3)
+    assert set(times) == {1, 8} and all(0 < t["q1_ms"] <= t["median_ms"] <= t["q3_ms"] for t in times.values())
 
 
 def test_memory_waste_contiguous_against_paged():
@@ -41,6 +42,12 @@ def test_memory_waste_contiguous_against_paged():
     assert w["sequences"] == 3 and w["mean_length"] == pytest.approx(56 / 3)
     assert [r["paged_waste_pct"] for r in w["rows"]] == pytest.approx([0.0, 100 * (1 - 56 / 64)])
     assert all(r["contiguous_waste_pct"] == pytest.approx(100 * (1 - 56 / 96)) for r in w["rows"])
+
+
+def test_waste_while_growing_counts_every_length_held():
+    # prompt 3, final 6: lengths 3, 4, 5 in blocks of 4 hold 4 + 4 + 8 slots for 12 tokens
+    assert waste_while_growing([3], [6], 4) == pytest.approx(1 - 12 / 16)
+    assert waste_while_growing([4, 8], [5, 9], 4) == 0.0
 
 
 def test_bench_prefix_cache_counts_only_the_requests_after_the_first():
