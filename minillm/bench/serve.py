@@ -166,9 +166,16 @@ SERVE_COLUMNS = {
     "goodput": "goodput",
     "slo_met_pct": "in SLO %",
     "e2e_p50": "end-to-end p50",
-    "e2e_p90": "p90",
-    "e2e_p99": "p99",
+    "e2e_p90": "end-to-end p90",
+    "e2e_p99": "end-to-end p99",
 }
+
+
+def _added(ms: float, what: str) -> str:
+    """What HTTP adds to a latency, signed, never "+0.00" or "-0.00": below 0.005 ms it is nil."""
+    if abs(ms) < 0.005:
+        return f"under 0.01 ms {what}"
+    return f"{ms:+.2f} ms {what}"
 
 
 def format_serve(figures: dict) -> str:
@@ -191,7 +198,7 @@ def format_serve(figures: dict) -> str:
     for run in figures["runs"]:
         tpot, late = run["http_tpot_ms_p50"], run.get("send_delay_ms")  # runs saved before it: no send delay
         text = f"{run['rate']:g} req/s: {run['output_tokens_per_s']:.0f} output tokens/s; HTTP adds (p50) "
-        text += f"{run['http_ttft_ms_p50']:+.1f} ms TTFT" + (f", {tpot:+.2f} ms TPOT" if tpot is not None else "")
+        text += f"{run['http_ttft_ms_p50']:+.1f} ms TTFT" + (f", {_added(tpot, 'TPOT')}" if tpot is not None else "")
         if late is not None:
             text += f"; the client sent {late['p50']:.1f} ms (p50), {late['p99']:.1f} ms (p99) after schedule"
         lines += textwrap.wrap(text, 88, subsequent_indent="  ")

@@ -132,3 +132,10 @@ def test_run_coroutine_works_inside_a_running_event_loop():
 
     assert run_coroutine(answer()) == 42
     assert asyncio.run(cell()) == 42
+
+
+def test_what_http_adds_is_never_printed_as_a_signed_zero():
+    from minillm.bench.serve import _added
+
+    assert _added(0.004, "TPOT") == _added(-0.004, "TPOT") == "under 0.01 ms TPOT"
+    assert _added(0.02, "TPOT") == "+0.02 ms TPOT" and _added(-0.25, "TPOT") == "-0.25 ms TPOT"
