@@ -141,8 +141,8 @@ def max_rate_within_slo(
     sweep: SimulatedSweep, mode: str, prefill: int, decode: int, attainment: float = 90.0, steps: int = 6
 ) -> float:
     """The highest rate at which ``attainment`` % of requests meet the SLO: bisection (on a log scale,
-    ``steps`` halvings) between the lowest and highest of ``sweep.rates``, taken per worker, times the
-    workers. 0 if even the lowest fails; the highest if it passes."""
+    ``steps`` halvings) from the lowest of ``sweep.rates`` (for the whole cluster) up to the highest
+    times the workers. 0 if even the lowest fails; the upper end if it passes."""
     workers = prefill + decode
     low, high = min(sweep.rates), max(sweep.rates) * workers
 
