@@ -144,6 +144,12 @@ def format_decoding_rows(result: dict) -> str:
     }
     title = f"2. On the trained pair: {result['decoding'][0]['ran_on']}, batch 1"
     text = format_table(rows, columns, title=title)
+    if any("fraction_kept" not in r for r in result["decoding"]):
+        note = (
+            "proposals kept: not recorded by this run (it predates the field); the per-position "
+            "acceptance is the chance the target keeps a proposal given it kept the ones before."
+        )
+        text += "\n" + "\n".join(wrap_line(note))
     spec = result["decoding"][0]
     if "draft_cost_ratio" in spec:
         note = (

@@ -16,7 +16,14 @@ from minillm.bench.capstone import (
     format_capstone,
     ladder_speed,
 )
-from minillm.bench.capstone_tables import GPU_STEPS, format_gpu_ladder, format_step_split, gpu_ladder_rows, step_split
+from minillm.bench.capstone_tables import (
+    GPU_STEPS,
+    format_decoding_rows,
+    format_gpu_ladder,
+    format_step_split,
+    gpu_ladder_rows,
+    step_split,
+)
 from minillm.core.model import random_model
 from minillm.measure.report import PAGE_WIDTH
 from minillm.runtime.recipes import LADDER
@@ -121,6 +128,12 @@ def test_the_tables_fit_the_page(result):
     text = format_capstone(result) + "\n" + format_step_split(result)
     assert "recompute (baseline)" in text and "+ served over HTTP" in text
     assert max(len(line) for line in text.splitlines()) <= PAGE_WIDTH
+
+
+def test_a_saved_run_without_the_fraction_kept_says_so(result):
+    assert "proposals kept: not recorded" not in format_decoding_rows(result)
+    older = {**result, "decoding": [{k: v for k, v in r.items() if k != "fraction_kept"} for r in result["decoding"]]}
+    assert "proposals kept: not recorded by this run" in format_decoding_rows(older)
 
 
 def test_compiled_int4_decoding_makes_the_eager_int4_tokens():
