@@ -9,7 +9,7 @@ tables (``format_capstone``).
 from __future__ import annotations
 
 from ..core.config import preset
-from ..measure.report import format_table, wrap_line
+from ..measure.report import format_table, signed_pct, wrap_line
 from ..runtime.recipes import LADDER, streamed_bytes
 
 
@@ -40,7 +40,7 @@ def ladder_table_rows(result: dict) -> list[dict]:
                 "step_x": f"{r['vs_previous']:.2f}x",
                 "weights": _mb(r["weights_bytes"]),
                 "kv": _mb(r["kv_bytes"]),
-                "ppl": f"{r['ppl_change_pct']:+.1f}%",
+                "ppl": signed_pct(r["ppl_change_pct"]),
                 "agree": _pct(r["agreement"]) or ("= above" if rows else "(baseline)"),
                 "same": f"{r['same_outputs']}/{r['outputs']}",
                 "lossless": r["lossless"],

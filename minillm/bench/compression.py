@@ -30,7 +30,7 @@ from ..core.config import ModelConfig, shape_config
 from ..core.device import best_device
 from ..core.model import Transformer, random_model
 from ..measure.quality import continuation_agreement, logit_difference, perplexity
-from ..measure.report import describe, finish_provenance, format_table, provenance
+from ..measure.report import describe, finish_provenance, format_table, provenance, signed_pct
 from ..measure.timing import interleaved
 from ..training.corpus import corpus_prompts
 from ..training.train import encode_split
@@ -334,7 +334,7 @@ def format_quality(result: dict) -> str:
         {
             **r,
             "mb": r["model_bytes"] / 1e6,
-            "ppl_change": f"{100 * (r['perplexity'] / base - 1):+.1f}%" if base else "-",
+            "ppl_change": signed_pct(100 * (r["perplexity"] / base - 1)) if base else "-",
             "agree": f"{r['agreement']:.1%}",
         }
         for r in rows
@@ -378,7 +378,7 @@ def summary_rows(result: dict, batch: int = 1) -> list[dict]:
                 "technique": t.name,
                 "bytes": f"{d['model_bytes'] / decode[BASELINE]['model_bytes']:.2f}x" if d else "-",
                 "speed": (f"{d['vs_bf16']:.2f}x" + (" (dense)" if t.speed_as == BASELINE else "")) if d else "-",
-                "quality": f"{100 * (q['perplexity'] / base_ppl - 1):+.1f}% ppl" if q and base_ppl else "-",
+                "quality": signed_pct(100 * (q["perplexity"] / base_ppl - 1)) + " ppl" if q and base_ppl else "-",
                 "needs": t.needs,
             }
         )

@@ -169,6 +169,13 @@ def load_results(name: str, results_dir: str | Path | None = None) -> dict[str, 
 # Tables
 
 
+def signed_pct(change: float) -> str:
+    """A change in percent with its sign, one decimal: "+1.6%", "-0.3%", and "0.0%" for one that
+    rounds to nothing (never "-0.0%")."""
+    text = f"{change:+.1f}%"
+    return "0.0%" if text in ("+0.0%", "-0.0%") else text
+
+
 def wrap_line(line: str, width: int = PAGE_WIDTH, indent: str = "") -> list[str]:
     """One line of prose broken at spaces to fit ``width`` (continuations after ``indent``)."""
     return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""]

@@ -9,11 +9,12 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..measure.report import signed_pct
 from .style import WIDTH_IN, finish, legend_right, legend_under, require_keys
 
 
 def _ladder_label(row: Mapping) -> str:
-    return f"{row['vs_baseline']:.1f}x, perplexity {row['ppl_change_pct']:+.1f}%"
+    return f"{row['vs_baseline']:.1f}x, perplexity {signed_pct(row['ppl_change_pct'])}"
 
 
 def plot_ladder(rows: Sequence[Mapping], title: str = "", gpu_rows: Sequence[Mapping] = ()):

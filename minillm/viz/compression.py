@@ -10,7 +10,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .style import WIDTH_IN, finish, legend_under
+from .style import WIDTH_IN, finish, legend_under, plain_log_ticks
+
+MARKERS = "osD^vP"  # one per line, so the lines part in grayscale too
 
 
 def plot_rounding(weight: torch.Tensor, rounded: Mapping[str, torch.Tensor], title: str = ""):
@@ -81,9 +83,14 @@ def plot_matmul_times(rows: Sequence[Mapping], title: str = ""):
     formats = list(dict.fromkeys(r["format"] for r in rows))
     for i, name in enumerate(formats):
         mine = sorted((r for r in rows if r["format"] == name), key=lambda r: r["rows"])
-        ax.plot([r["rows"] for r in mine], [1e3 * r["ms"] / r["rows"] for r in mine], "o-", color=f"C{i}", label=name)
+        xs, ys = [r["rows"] for r in mine], [1e3 * r["ms"] / r["rows"] for r in mine]
+        ax.plot(xs, ys, "-", marker=MARKERS[i % len(MARKERS)], color=f"C{i}", label=name)
     ax.set_xscale("log", base=2)
+    tokens = sorted({r["rows"] for r in rows})
+    ax.set_xticks(tokens, [str(n) for n in tokens])  # the token counts measured, not powers of 2
+    ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     ax.set(xlabel="tokens in the matmul (1 = decode, many = prefill)", ylabel="microseconds per token (log)")
     ax.set_title(title, fontsize=10)
     legend_under(fig, ax, ncol=min(4, len(formats)))
@@ -115,11 +122,12 @@ def plot_pruning(curves: Mapping[str, Sequence[tuple[float, float]]], baseline: 
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4))
     for i, (name, points) in enumerate(curves.items()):
         xs, ys = zip(*points)
-        ax.plot(xs, ys, "o-", color=f"C{i}", label=name)
+        ax.plot(xs, ys, "-", marker=MARKERS[i % len(MARKERS)], color=f"C{i}", label=name)
     for j, (name, (x, y)) in enumerate((marks or {}).items()):
         ax.plot([x], [y], "s", ms=8, color=f"C{len(curves) + j}", label=name)
     ax.axhline(baseline, color="tab:gray", ls="--", lw=1, label=f"dense: {baseline:.1f}")
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     ax.set(xlabel="fraction of weights removed", ylabel="perplexity (log, lower is better)")
     ax.set_title(title, fontsize=10)
     legend_under(fig, ax, ncol=3)

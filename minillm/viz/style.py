@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.container import BarContainer
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 from matplotlib.text import Text
+from matplotlib.ticker import LogFormatter
 
 DPI = 110  # the PNG's pixels per inch: the page shows one pixel per pixel
 MAX_WIDTH_IN = 6.9  # the text column at 1280 px, 760 px, in inches at DPI
@@ -74,6 +75,12 @@ def legend_right(ax, **kw):
     """The legend of ``ax`` to its right, clear of the data."""
     kw.setdefault("fontsize", 9)
     return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), **kw)
+
+
+def plain_log_ticks(axis) -> None:
+    """Label a log axis in plain numbers ("200", "0.5"), not powers of ten ("2 x 10^2")."""
+    axis.set_major_formatter(LogFormatter())
+    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def finish(fig, rect=None):

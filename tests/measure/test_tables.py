@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.measure.report import PAGE_WIDTH, format_table
+from minillm.measure.report import PAGE_WIDTH, format_table, signed_pct
 
 WIDE = [
     {"policy": p, "rate": r, **{f"c{i}": 1000.5 * i + r for i in range(12)}}
@@ -62,3 +62,7 @@ def test_a_missing_float_prints_as_a_dash_not_nan():
 
     table = format_table([{"method": "greedy", "ms": float("nan")}, {"method": "draft", "ms": 1.5}])
     assert "nan" not in table and table.splitlines()[2].split() == ["greedy", "-"]
+
+
+def test_a_change_that_rounds_to_nothing_has_no_sign():
+    assert [signed_pct(x) for x in (1.64, -0.26, -0.04, 0.04, 0.0)] == ["+1.6%", "-0.3%", "0.0%", "0.0%", "0.0%"]
