@@ -19,7 +19,7 @@ SYMPTOM_COLOR = "#fde2c8"  # light orange: what is wrong
 MISSING_COLOR = "0.55"  # evidence not measured yet
 EVIDENCE_COLOR = "0.25"
 LEFT_WIDTH, GAP, WIDTH = 1.85, 0.4, 6.6  # in data units = inches: the column's width
-SYMPTOM_CHARS, TECHNIQUE_CHARS, EVIDENCE_CHARS = 22, 56, 76  # wrap widths at 8.5 / 8 / 7 pt
+SYMPTOM_CHARS, TECHNIQUE_CHARS, EVIDENCE_CHARS = 19, 50, 66  # wrap widths at 8.5 / 8 / 7 pt, inside 4.2 in
 
 
 def _short_chapters(chapters: Sequence[int]) -> str:
