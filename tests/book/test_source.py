@@ -103,7 +103,8 @@ def test_refreshing_writes_the_output_jupyter_would(tmp_path):
     chapter = ROOT / "chapters" / "11_compilers.ipynb"
     copy = tmp_path / chapter.name
     copy.write_text(chapter.read_text())
-    assert source.refresh_excerpts(copy) == 2
+    excerpts = source.excerpt_cells(nbfiles.read_notebook(chapter))
+    assert len(excerpts) >= 2 and source.refresh_excerpts(copy) == len(excerpts)
     fresh, committed = nbfiles.read_notebook(copy), nbfiles.read_notebook(chapter)
     shown = [c for c in fresh["cells"] if c in source.excerpt_cells(fresh)]
     assert [c["outputs"] for c in shown] == [c["outputs"] for c in source.excerpt_cells(committed)]
