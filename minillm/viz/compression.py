@@ -40,17 +40,22 @@ def plot_quality_vs_bits(rows: Sequence[Mapping], baseline: float, title: str = 
     """Perplexity against stored bits per weight (scales included), one labelled point per format;
     the dashed line is the unquantized model. The y axis is zoomed to the points (it says so), and
     the right axis gives each point's change against fp32 in percent, so a 1% step is read as 1%.
-    Formats that land close together are labelled on alternate sides, so their names do not
-    overlap."""
+    Formats that land close together are labelled on alternate sides, one above and one below
+    the points, so their names stay clear of each other and of the markers."""
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4))
     span = max(r["perplexity"] for r in rows) - min(r["perplexity"] for r in rows) or 1.0
-    for i, r in enumerate(rows):
+
+    def near(q, r) -> bool:
+        return abs(q["bits"] - r["bits"]) < 0.6 and abs(q["perplexity"] - r["perplexity"]) < 0.08 * span
+
+    for r in rows:
         ax.plot(r["bits"], r["perplexity"], "o", color="tab:blue")
-        k = sum(  # labels already drawn near this point
-            abs(q["bits"] - r["bits"]) < 0.6 and abs(q["perplexity"] - r["perplexity"]) < 0.08 * span for q in rows[:i]
-        )
-        left = k % 2 == 1
-        offset = (-7 if left else 7, -4 - 10 * (k // 2))
+        group = sorted((q for q in rows if near(q, r)), key=lambda q: (q["bits"], q["name"]))
+        k = next(j for j, q in enumerate(group) if q is r)  # its place, left to right, among close points
+        left = len(group) > 1 and k % 2 == 0  # the leftmost of a close pair is labelled on its left
+        alone, above, below = -4, 9 + 10 * (k // 2), -14 - 10 * (k // 2)
+        rise = alone if len(group) == 1 else above if left else below
+        offset = (-7 if left else 7, rise)
         ax.annotate(
             r["name"],
             (r["bits"], r["perplexity"]),
