@@ -23,6 +23,7 @@ from ..core.config import ModelConfig
 from ..core.model import Transformer
 from ..kv.memory import kv_bytes_per_token
 from ..kv.paged import blocks_for, gather_kv, kv_waste
+from ..measure.metrics import percentiles
 from ..measure.timing import interleaved
 from ..serving.engine import EngineConfig, StepCost
 from ..serving.scheduler import SchedulerConfig
@@ -92,8 +93,9 @@ def gather_times(
     timings = interleaved(contenders, repeats, device="cpu", warmup=repeats)
     out = {}
     for bs in block_sizes:
-        q1, q3 = np.percentile(timings[str(bs)].seconds, [25, 75])
-        out[bs] = {"median_ms": timings[str(bs)].median_ms, "q1_ms": 1e3 * float(q1), "q3_ms": 1e3 * float(q3)}
+        t = timings[str(bs)]
+        q = percentiles(t.seconds, (25, 75))
+        out[bs] = {"median_ms": t.median_ms, "q1_ms": 1e3 * q["p25"], "q3_ms": 1e3 * q["p75"]}
     return out
 
 

@@ -34,7 +34,16 @@ from tqdm.auto import tqdm
 from ..core.checkpoints import DEFAULT_MODEL
 from ..core.config import check_field_types
 from ..core.device import best_device
-from ..measure.metrics import SLO, RequestMetrics, goodput, latency_percentiles, percentiles, span, throughput
+from ..measure.metrics import (
+    SLO,
+    RequestMetrics,
+    goodput,
+    latency_percentiles,
+    percentiles,
+    slo_met_pct,
+    span,
+    throughput,
+)
 from ..measure.report import describe, finish_provenance, format_table, provenance
 from ..serving.client import Measured, run_workload, server_process, wait_healthy
 from ..serving.workload import Request, chat_trace, requests_from_trace
@@ -82,8 +91,7 @@ def latency_figures(metrics: Sequence[RequestMetrics], slo: SLO, seconds: float)
     """TTFT, TPOT, ITL and end-to-end percentiles (ms); the goodput over ``seconds`` (requests/s
     within the SLO) and the % of the requests within it."""
     latency = {f"{name}_ms": ms(p) for name, p in latency_percentiles(metrics, PS).items()}
-    met = sum(slo.met_by(m) for m in metrics)
-    return {**latency, "goodput_rps": goodput(metrics, slo, seconds), "slo_met_pct": 100 * met / len(metrics)}
+    return {**latency, "goodput_rps": goodput(metrics, slo, seconds), "slo_met_pct": slo_met_pct(metrics, slo)}
 
 
 def ms(seconds: dict[str, float] | None) -> dict[str, float] | None:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.config import ModelConfig
 from ..core.model import Transformer
-from ..measure.metrics import SLO, goodput, latency_percentiles, throughput
+from ..measure.metrics import SLO, goodput, latency_percentiles, slo_met_pct, throughput
 from ..serving.engine import Engine, EngineConfig, RequestOutput, SimulatedModel
 from ..serving.workload import Request, copy_requests  # noqa: F401 (copy_requests: importable from here too)
 
@@ -70,7 +70,5 @@ def serving_figures(outputs: Sequence[RequestOutput], engine: Engine, slo: SLO |
         "measured_kv_waste_pct": 100 * engine.kv_waste,
     }
     if slo is not None:
-        good = goodput(metrics, slo)
-        met = sum(slo.met_by(m) for m in metrics)  # a count: no 99.99...% from a ratio of rates
-        figures.update(goodput_rps=good, slo_met_pct=100 * met / len(metrics))
+        figures.update(goodput_rps=goodput(metrics, slo), slo_met_pct=slo_met_pct(metrics, slo))
     return figures

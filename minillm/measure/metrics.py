@@ -133,6 +133,14 @@ def goodput(requests: Sequence[RequestMetrics], slo: SLO, duration: float | None
     return sum(slo.met_by(r) for r in requests) / duration
 
 
+def slo_met_pct(requests: Sequence[RequestMetrics], slo: SLO) -> float:
+    """Percent of the requests that meet the SLO: a count over the requests, not a ratio of two
+    rates (which can print 99.99...% for all of them)."""
+    if not requests:
+        raise ValueError("no requests")
+    return 100 * sum(slo.met_by(r) for r in requests) / len(requests)
+
+
 def cost_per_million_tokens(dollars_per_hour: float, tokens_per_s: float) -> float:
     """$ per 1M tokens for a machine rented at ``dollars_per_hour`` producing ``tokens_per_s``."""
     if tokens_per_s <= 0:

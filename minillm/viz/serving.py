@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from ..measure.metrics import SLO, RequestMetrics, percentiles
@@ -95,8 +96,6 @@ def plot_batch_timeline(step_logs: dict, max_batch: int, title: str = ""):
     """Who rides in each batch row at each step: one panel per policy, one color per request
     (its number written where it boards a row), its prompt dotted, its decode steps plain, and
     padding rows (finished members of a static batch, still computed) hatched gray."""
-    from matplotlib.patches import Patch
-
     height = min(8.8, 1.6 + 0.5 * max_batch * len(step_logs))
     fig, axes = plt.subplots(len(step_logs), 1, figsize=(WIDTH_IN, height), sharex=True)
     axes = np.atleast_1d(axes)

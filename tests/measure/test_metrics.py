@@ -13,6 +13,7 @@ from minillm.measure.metrics import (
     mbu,
     mfu,
     percentiles,
+    slo_met_pct,
     throughput,
 )
 
@@ -62,6 +63,10 @@ def test_goodput_example_ten_requests_three_meet_the_slo():
     requests = good + slow_first + slow_decode
     assert goodput(requests, SLO(ttft=0.2, tpot=0.1), duration=1.0) == 3
     assert throughput(requests, duration=1.0)["requests_per_s"] == 10
+    assert slo_met_pct(requests, SLO(ttft=0.2, tpot=0.1)) == 30.0
+    assert slo_met_pct(good, SLO(ttft=0.2, tpot=0.1)) == 100.0  # every one: exactly 100
+    with pytest.raises(ValueError, match="no requests"):
+        slo_met_pct([], SLO(ttft=0.2, tpot=0.1))
 
 
 def test_throughput_counts_input_and_output_separately():
