@@ -47,7 +47,16 @@ from ..measure.quality import continuation_agreement, perplexity
 from ..measure.report import finish_provenance, provenance
 from ..measure.timing import interleaved
 from ..runtime.load import RuntimeOptions, compute_dtype
-from ..runtime.recipes import LADDER, Rung, generate_as, kv_bytes, recipe_of, rung_models, streamed_bytes
+from ..runtime.recipes import (
+    LADDER,
+    Rung,
+    alone_rung,
+    generate_as,
+    kv_bytes,
+    recipe_of,
+    rung_models,
+    streamed_bytes,
+)
 from ..serving.client import run_workload, server_process, wait_healthy
 from ..serving.engine import EngineConfig
 from ..serving.scheduler import SchedulerConfig
@@ -55,7 +64,7 @@ from ..serving.workload import Request, chat_trace, random_prompt, requests_from
 from ..training.corpus import corpus_prompts
 from ..training.train import encode_split
 from .batching import SIGMA
-from .capstone_tables import format_decoding_rows, format_ladder, format_serving, with_ratios
+from .capstone_tables import format_decoding_rows, format_ladder, format_rate_sweep, format_serving, with_ratios
 from .decoding import greedy_tokens, measure_forward_ms, time_methods, tokens_and_stats
 from .lookup import copy_task_prompts
 from .roofline import measure_bandwidth
@@ -82,7 +91,9 @@ class CapstoneBench:
     prompt_median: float = 48  # tokens after the shared system prompt (lognormal)
     output_median: float = 32  # tokens
     system_len: int = 128  # the system prompt every request starts with
-    max_batch: int = 8  # sequences per engine step at most
+    max_batch: int = 8  # sequences per engine step at most (the batch row's too)
+    sweep_rates: tuple[float, ...] = (2.0, 4.0, 6.0, 8.0, 12.0)  # arrivals/s of the online sweep
+    sweep_requests: int = 32  # requests per rate of the sweep
     num_blocks: int = 256  # KV pool, blocks of 16 tokens (the server's default)
     slo: SLO = field(default_factory=lambda: SLO(ttft=0.5, tpot=0.05))
     compile: bool = True  # False: skip the compiled rungs (and compile nothing)
@@ -93,16 +104,29 @@ class CapstoneBench:
 
     def __post_init__(self) -> None:
         ints = ("prompt_len", "new_tokens", "repeats", "k", "decoding_prompts", "quality_prompts")
-        ints += ("quality_windows", "requests", "system_len", "max_batch", "num_blocks")
+        ints += ("quality_windows", "requests", "system_len", "max_batch", "num_blocks", "sweep_requests")
         check_field_types(self, ints=ints, numbers=("rate", "prompt_median", "output_median"))
         if self.rate <= 0 or min(self.prompt_median, self.output_median) < 1:
             raise ValueError("rate must be positive; prompt_median and output_median at least 1 token")
+        self.sweep_rates = tuple(float(r) for r in self.sweep_rates)
+        if not self.sweep_rates or min(self.sweep_rates) <= 0:
+            raise ValueError(f"sweep_rates must be positive arrival rates, got {self.sweep_rates}")
         self.shape = shape_config(self.shape)
         self.device = torch.device(self.device) if self.device is not None else best_device()
 
     @property
     def rungs(self) -> tuple[Rung, ...]:
-        return tuple(r for r in LADDER if self.compile or not r.compiled)
+        """The ladder's rungs this run measures: the compiled ones only with ``compile``, and the
+        bf16 rung only where the baseline is fp32 (on a GPU it is 16-bit already)."""
+        dense_fp32 = self.dense_dtype == torch.float32
+        return tuple(r for r in LADDER if (self.compile or not r.compiled) and (dense_fp32 or not r.half or r.scheme))
+
+    @property
+    def alone(self) -> dict[str, Rung]:
+        """For each rung after the KV cache, the rung measuring its technique on the KV-cache
+        rung alone (itself where it already is: ``runtime.recipes.alone_rung``)."""
+        pairs = ((r.name, alone_rung(r)) for r in self.rungs)
+        return {name: a for name, a in pairs if a is not None}
 
     @property
     def dense_dtype(self) -> torch.dtype:
@@ -127,20 +151,24 @@ class CapstoneBench:
 @torch.inference_mode()
 def ladder_speed(o: CapstoneBench) -> list[dict]:
     """Tokens/s (new tokens over the whole call, prompt included) of every rung on a random
-    ``o.shape``, taking turns; the tokens each made, compared with the baseline's and with the
-    previous rung's (a lossless step must make the same)."""
+    ``o.shape``, taking turns with the rungs that measure a technique alone; the tokens each made,
+    compared with the baseline's and with the previous rung's (a lossless step must make the
+    same); and each technique's speed alone on the KV-cache rung (``alone_tokens_per_s``)."""
     base = random_model(o.shape, o.device, o.dense_dtype, seed=o.seed)
     ids = torch.randint(0, o.shape.vocab_size, (1, o.prompt_len), generator=torch.Generator().manual_seed(o.seed))
-    models = rung_models(base, o.rungs, o.quantized_dtype)
+    extra = tuple({a.name: a for a in o.alone.values() if a.name not in {r.name for r in o.rungs}}.values())
+    timed = o.rungs + extra
+    models = rung_models(base, timed, o.quantized_dtype)
     length = o.prompt_len + o.new_tokens
     # compiled before the timer starts; the seconds it took are reported apart
-    compile_s = {r.name: compiled_forward_for(models[r.name], 1, length).warmup(1) for r in o.rungs if r.compiled}
-    runs = {r.name: partial(generate_as, models[r.name], r, ids.to(o.device), o.new_tokens) for r in o.rungs}
+    compile_s = {r.name: compiled_forward_for(models[r.name], 1, length).warmup(1) for r in timed if r.compiled}
+    runs = {r.name: partial(generate_as, models[r.name], r, ids.to(o.device), o.new_tokens) for r in timed}
     timings = interleaved(runs, o.repeats, o.device, progress="ladder" if o.progress else None)
-    tokens = {r.name: timings[r.name].values[0].tokens[0].tolist() for r in o.rungs}
+    tokens = {r.name: timings[r.name].values[0].tokens[0].tolist() for r in timed}
     rows = []
     for i, rung in enumerate(o.rungs):
         t, model = timings[rung.name], models[rung.name]
+        alone = o.alone.get(rung.name)
         rows.append(
             {
                 "step": rung.name,
@@ -156,9 +184,20 @@ def ladder_speed(o: CapstoneBench) -> list[dict]:
                 "same_tokens_as_baseline": tokens[rung.name] == tokens[o.rungs[0].name],
                 "same_tokens_as_previous": tokens[rung.name] == tokens[o.rungs[max(i - 1, 0)].name],
                 "lossless": rung.lossless,
+                "alone": alone.name if alone else None,
+                "alone_tokens_per_s": o.new_tokens / timings[alone.name].median if alone else None,
+                "alone_seconds_runs": timings[alone.name].seconds if alone else None,
+                "alone_compile_s": compile_s.get(alone.name, 0.0) if alone else None,
+                "alone_same_tokens_as_kv_cache": (
+                    tokens[alone.name] == tokens[LADDER[1].name] if alone and LADDER[1] in o.rungs else None
+                ),
             }
         )
-    return with_ratios(rows)
+    rows = with_ratios(rows)
+    kv = next((r["tokens_per_s"] for r in rows if r["step"] == LADDER[1].name), None)
+    for row in rows:
+        row["alone_vs_kv_cache"] = row["alone_tokens_per_s"] / kv if kv and row["alone_tokens_per_s"] else None
+    return rows
 
 
 @torch.inference_mode()
@@ -177,7 +216,7 @@ def ladder_quality(o: CapstoneBench) -> tuple[list[dict], dict[str, Transformer]
     }
     baseline = outputs[LADDER[0].name]
     base_ppl = perplexity(reference, valid, 256, o.quality_windows)
-    rows, measured = [], {(None, None): (base_ppl, None)}
+    rows, measured = [], {LADDER[0].weights: (base_ppl, None)}
     for rung in o.rungs:
         model = models[rung.name]
         new_weights = rung.weights not in measured
@@ -298,20 +337,22 @@ def draft_costs(target: Transformer, draft: Transformer, k: int, alpha: float) -
 # Serving: a Poisson workload
 
 
-def serving_workload(o: CapstoneBench, vocab_size: int) -> list:
-    """The requests: Poisson arrivals at ``o.rate``, chat-like lengths after a shared system
-    prompt of ``o.system_len`` tokens. Every configuration serves these same requests; each run
-    starts a new engine, so none finds another run's prompts in its prefix cache."""
+def serving_workload(o: CapstoneBench, vocab_size: int, rate: float | None = None, n: int | None = None) -> list:
+    """The requests: Poisson arrivals at ``o.rate`` (or ``rate``), chat-like lengths after a
+    shared system prompt of ``o.system_len`` tokens, ``o.requests`` of them (or ``n``). Every
+    configuration serves these same requests; each run starts a new engine, so none finds
+    another run's prompts in its prefix cache."""
     import numpy as np
 
     rng = np.random.default_rng(o.seed + 1000)
     system = random_prompt(o.system_len, vocab_size, rng)
     max_len = 2 * (o.system_len + 4 * int(o.prompt_median))
-    trace = chat_trace(o.requests, o.rate, o.prompt_median, SIGMA, o.output_median, SIGMA, max_len, o.seed)
+    rate, n = rate or o.rate, n or o.requests
+    trace = chat_trace(n, rate, o.prompt_median, SIGMA, o.output_median, SIGMA, max_len, o.seed)
     return requests_from_trace(trace, vocab_size, o.seed, shared_prefix=system)
 
 
-OFFLINE = "batch: all at once, 2x batch"
+OFFLINE = "batch: all at once"
 SERVED = (
     ("one request at a time", SchedulerConfig("static", 1), False),
     ("+ continuous batching, paged KV", None, False),
@@ -337,9 +378,9 @@ def bench_serving_rows(o: CapstoneBench) -> list[dict]:
         return {**figures, "good_tokens_per_s": good, "kv_bytes": engine.peak_blocks * block_bytes}
 
     runs = {name: partial(serve, s, prefix) for name, s, prefix in SERVED}
-    # a batch API: the same requests handed over at once, twice the batch, no latency promised
+    # a batch API: the same requests handed over at once, the same max batch, no latency promised
     at_once = [Request(list(r.prompt), r.max_tokens, 0.0, id=r.id) for r in requests]
-    runs[OFFLINE] = partial(serve, SchedulerConfig("continuous", 2 * o.max_batch), True, at_once)
+    runs[OFFLINE] = partial(serve, SchedulerConfig("continuous", o.max_batch), True, at_once)
     timings = interleaved(runs, o.repeats, o.device, warmup=0, progress="serving" if o.progress else None)
     rows = []
     for name in runs:
@@ -350,6 +391,34 @@ def bench_serving_rows(o: CapstoneBench) -> list[dict]:
         rows.insert(len(SERVED), http_row(o, requests))
     for row in rows:
         row["weights_bytes"], row["lossless"] = model_bytes(model), True
+    return rows
+
+
+@torch.inference_mode()
+def bench_rate_sweep(o: CapstoneBench) -> list[dict]:
+    """The online service at its best (continuous batching over paged KV with prefix caching, max
+    batch ``o.max_batch``) offered ``o.sweep_requests`` requests at each of ``o.sweep_rates``,
+    the rates taking turns ``o.repeats`` times (the median run by throughput is kept), and the
+    same requests handed over at once at the same max batch: the most an online service can
+    sell within the SLO from this machine, against what a batch run makes of it."""
+    model, _ = load(o.model, device=o.device)
+    vocab = model.config.vocab_size
+    config = EngineConfig(o.num_blocks, 16, prefix_caching=True, scheduler=SchedulerConfig("continuous", o.max_batch))
+
+    def serve(workload):
+        outputs, engine = run_measured(model, workload, config)
+        figures = serving_figures(outputs, engine, o.slo)
+        return {**figures, "good_tokens_per_s": good_tokens_per_s([out.metrics for out in outputs], o.slo)}
+
+    runs = {rate: partial(serve, serving_workload(o, vocab, rate, o.sweep_requests)) for rate in o.sweep_rates}
+    every = serving_workload(o, vocab, o.sweep_rates[0], o.sweep_requests)
+    runs[OFFLINE] = partial(serve, [Request(list(r.prompt), r.max_tokens, 0.0, id=r.id) for r in every])
+    timings = interleaved(runs, o.repeats, o.device, warmup=0, progress="rate sweep" if o.progress else None)
+    rows = []
+    for rate in runs:
+        values = sorted(timings[rate].values, key=lambda f: f["tokens_per_s"])
+        f = values[(len(values) - 1) // 2]  # the median run, by throughput
+        rows.append({"rate": None if rate == OFFLINE else rate, **_served_row(f), "mean_batch": f["mean_batch"]})
     return rows
 
 
@@ -410,7 +479,7 @@ def bench_capstone(o: CapstoneBench | None = None) -> dict:
     result = provenance(
         o.device,
         model=f"random {o.shape.name} (speed), {o.model} (quality, decoding, serving)",
-        dtype=f"{_name(o.dense_dtype)}; {_name(o.quantized_dtype)} when quantized",
+        dtype=f"{_name(o.dense_dtype)}; {_name(o.quantized_dtype)} from the bf16 rung on",
         shape=o.shape.name,
         quality_model=o.model,
         draft=o.draft,
@@ -424,6 +493,8 @@ def bench_capstone(o: CapstoneBench | None = None) -> dict:
             "prompt_median": o.prompt_median,
             "output_median": o.output_median,
             "max_batch": o.max_batch,
+            "sweep_rates": list(o.sweep_rates),
+            "sweep_requests": o.sweep_requests,
         },
         slo={"ttft_s": o.slo.ttft, "tpot_s": o.slo.tpot},
     )
@@ -432,10 +503,12 @@ def bench_capstone(o: CapstoneBench | None = None) -> dict:
     result["ladder"], target, tokenizer = bench_ladder(o)
     result["decoding"] = bench_decoding_rows(o, target, tokenizer, recipe_of(o.rungs[-1]))
     result["serving"] = bench_serving_rows(o)
+    result["rate_sweep"] = bench_rate_sweep(o)
     return finish_provenance(result)
 
 
 def format_capstone(result: dict) -> str:
     """The three parts' tables (``bench.capstone_tables``), as ``python -m minillm bench capstone``
     prints them."""
-    return "\n\n".join([format_ladder(result), format_decoding_rows(result), format_serving(result)])
+    tables = [format_ladder(result), format_decoding_rows(result), format_serving(result)]
+    return "\n\n".join(tables + [format_rate_sweep(result)] * ("rate_sweep" in result))

@@ -44,6 +44,7 @@ def ladder_table_rows(result: dict) -> list[dict]:
                 "agree": _pct(r["agreement"]) or ("= above" if rows else "(baseline)"),
                 "same": f"{r['same_outputs']}/{r['outputs']}",
                 "lossless": r["lossless"],
+                "alone": f"{r['alone_vs_kv_cache']:.2f}x" if r.get("alone_vs_kv_cache") else None,
             }
         )
     return rows
@@ -60,6 +61,7 @@ LADDER_COLUMNS = {
     "agree": "greedy agreement",
     "same": "same outputs",
     "lossless": "lossless",
+    "alone": "alone: vs KV cache",
 }
 
 
@@ -69,13 +71,21 @@ def format_ladder(result: dict) -> str:
         f"tokens (random {result['shape']}, {result['dtype']}), median of {result['repeats']}; "
         f"quality on {result['quality_model']}; {result['hardware']}"
     )
-    return format_table(ladder_table_rows(result), LADDER_COLUMNS, title=title)
+    text = format_table(ladder_table_rows(result), LADDER_COLUMNS, title=title)
+    if any(r.get("alone_vs_kv_cache") for r in result["ladder"]):
+        note = (
+            "alone: the rung's technique by itself on the KV-cache rung, over that rung's tok/s (int8 and "
+            "int4 compute in bf16, so they include it; compiling alone compiles the fp32 model)."
+        )
+        text += "\n" + "\n".join(wrap_line(note))
+    return text
 
 
 def step_split(result: dict) -> list[dict]:
-    """Each cached rung's time per token beside the weights it streams, read at the copy
-    bandwidth measured in the same run; the rest is everything else the step does (the KV
-    cache, element-wise work, launching, matmul arithmetic the memory does not bound)."""
+    """Each cached rung's prompt (its TTFT) and time per decoded token beside the weights a step
+    streams, read at the copy bandwidth measured in the same run; the rest is everything else the
+    step does (the KV cache, element-wise work, launching, matmul arithmetic the memory does not
+    bound)."""
     rows = []
     for r in result["ladder"]:
         if r["kv_bytes"] == 0:  # recomputing: a step is a whole forward, not a decode step
@@ -84,14 +94,14 @@ def step_split(result: dict) -> list[dict]:
         rung = next(x for x in LADDER if x.name == r["step"])
         streamed = r.get("streamed_bytes") or streamed_bytes(rung, r["weights_bytes"], preset(result["shape"]))
         weights_ms = 1e3 * streamed / (1e9 * result["copy_GB_s"])
-        rows.append({"step": r["step"], "step_ms": r["tpot_ms"], "weights_ms": weights_ms})
+        rows.append({"step": r["step"], "prompt_ms": r["ttft_ms"], "step_ms": r["tpot_ms"], "weights_ms": weights_ms})
         rows[-1]["rest_ms"] = r["tpot_ms"] - weights_ms
     return rows
 
 
 def format_step_split(result: dict) -> str:
-    columns = {"step": "step", "step_ms": "ms per token", "weights_ms": "weights streamed at copy speed"}
-    columns["rest_ms"] = "rest"
+    columns = {"step": "step", "prompt_ms": "prompt ms", "step_ms": "ms per token"}
+    columns |= {"weights_ms": "weights streamed at copy speed", "rest_ms": "rest"}
     title = f"Where a decode step goes: weights read at {result['copy_GB_s']:.1f} GB/s (a copy, same run)"
     return format_table(step_split(result), columns, title=title)
 
@@ -190,6 +200,39 @@ def format_serving(result: dict) -> str:
         f"{slo['ttft_s']:g} s, TPOT <= {1e3 * slo['tpot_s']:g} ms"
     )
     return format_table(rows, columns, title=title)
+
+
+def best_online(sweep: list[dict]) -> dict:
+    """The rate sweep's online row that sold the most output tokens within the SLO."""
+    return max((r for r in sweep if r["rate"] is not None), key=lambda r: r["good_tokens_per_s"])
+
+
+def format_rate_sweep(result: dict) -> str:
+    """The online service offered more and more requests per second, and the same requests as a
+    batch at the same max batch; the line under it names the best online rate."""
+    w, slo = result["workload"], result["slo"]
+    rows = [{**r, "rate": "at once" if r["rate"] is None else f"{r['rate']:g}/s"} for r in result["rate_sweep"]]
+    columns = {
+        "rate": "offered",
+        "throughput": "out tok/s",
+        "good_tokens_per_s": "in-SLO tok/s",
+        "slo_met_pct": "% in SLO",
+        "mean_batch": "mean batch",
+        "ttft_p99_ms": "TTFT p99 ms",
+        "tpot_p99_ms": "TPOT p99 ms",
+    }
+    title = (
+        f"4. Online at rising rates, and as a batch: {w['sweep_requests']} requests each, prefix caching, "
+        f"max batch {w['max_batch']}; SLO TTFT <= {slo['ttft_s']:g} s, TPOT <= {1e3 * slo['tpot_s']:g} ms"
+    )
+    best = best_online(result["rate_sweep"])
+    batch = next(r for r in result["rate_sweep"] if r["rate"] is None)
+    note = (
+        f"most sold within the SLO: {best['good_tokens_per_s']:.0f} tok/s at {best['rate']:g} req/s; "
+        f"the batch made {batch['throughput']:.0f} tok/s of the same requests at the same max batch "
+        f"({batch['throughput'] / best['good_tokens_per_s']:.2f}x)."
+    )
+    return format_table(rows, columns, title=title) + "\n" + "\n".join(wrap_line(note))
 
 
 # ---------------------------------------------------------------------------------------------

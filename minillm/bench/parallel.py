@@ -45,7 +45,9 @@ from ..core.generate import generate
 from ..measure.links import Link
 from ..measure.report import finish_provenance, format_table, provenance
 from ..parallel.comm import wire_bytes
-from ..parallel.launch import launch
+from ..parallel.context import RingSpec, causal_work, imbalance, make_layout, padded_length, ring_check
+from ..parallel.expert import MoEFeedForward, ep_layer_run, expert_load, routed_all_to_all_bytes
+from ..parallel.launch import launch, launch_several
 from ..parallel.pipeline import (
     StageResult,
     bubble_fraction,
@@ -279,6 +281,79 @@ def replica_rows(b: ParallelBench, model) -> list[dict]:
 # The benchmark
 
 
+EP_EXPERTS, EP_TOP_K, CP_SEQ_LEN = 8, 2, 64  # the split MoE layer and the ring's sequence
+
+
+@torch.inference_mode()
+def mlp_inputs(model, prompt: Sequence[int]) -> torch.Tensor:
+    """The hidden states (T, dim) entering the middle layer's MLP over ``prompt``: real
+    activations for a router to route."""
+    captured = []
+    layer = model.layers[len(model.layers) // 2].mlp
+    hook = layer.register_forward_pre_hook(lambda mlp, args: captured.append(args[0][0]))
+    try:
+        model(torch.tensor([list(prompt)]))
+    finally:
+        hook.remove()
+    return captured[0]
+
+
+def expert_and_context_rows(b: ParallelBench, model, prompt: Sequence[int]) -> tuple[dict, dict]:
+    """Chapter 15's other two splits, on two ranks started once: a mixture-of-experts layer
+    (``EP_EXPERTS`` experts, top ``EP_TOP_K``, a seeded router) over the model's own hidden states,
+    half the tokens on each rank, against one process, with the all-to-all bytes ``Comm`` counted
+    against those the routing's split sizes give; and ring attention over ``CP_SEQ_LEN`` tokens
+    split zigzag, against attention over the whole sequence in one process."""
+    torch.manual_seed(b.seed)
+    moe = MoEFeedForward(model.config, n_experts=EP_EXPERTS, top_k=EP_TOP_K).eval()
+    x = mlp_inputs(model, prompt)
+    xs = list(x.split([len(x) // 2, len(x) - len(x) // 2]))
+    spec = RingSpec(seed=b.seed, seq_len=CP_SEQ_LEN, layout="zigzag")
+    ep, cp = launch_several([(ep_layer_run, (moe, xs, None)), (ring_check, (spec,))], 2, timeout=b.timeout, threads=1)
+    with torch.inference_mode():
+        one = moe(x)
+        routing = [moe.route(part).experts for part in xs]
+    exact = routed_all_to_all_bytes(routing, EP_EXPERTS, model.config.dim, 4)
+    load = expert_load(torch.cat(routing), EP_EXPERTS, 2)
+    expert = {
+        "ranks": 2,
+        "n_experts": EP_EXPERTS,
+        "top_k": EP_TOP_K,
+        "tokens": [len(part) for part in xs],
+        "max_abs_diff": float((torch.cat([r.output for r in ep]) - one).abs().max()),
+        "tolerance": 1e-5,
+        "counted_bytes": [r.counts["all_to_all"]["bytes"] for r in ep],
+        "routed_bytes": [e.total for e in exact],
+        "bytes_equal": [r.counts["all_to_all"]["bytes"] for r in ep] == [e.total for e in exact],
+        "rows_per_expert": load.per_expert,
+        "max_over_mean": load.expert_imbalance,
+        "rank_max_over_mean": load.rank_imbalance,
+    }
+    q, k, v = spec.tensors()
+    positions = torch.arange(spec.seq_len)
+    mask = positions[None, :] <= positions[:, None]
+    groups = spec.n_heads // spec.n_kv_heads
+    full = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask
+    )
+    got = torch.zeros_like(full)
+    for r in cp:
+        got[:, :, r.tokens] = torch.from_numpy(r.out)
+    layout = make_layout(spec.layout, spec.seq_len, 2)
+    context = {
+        "ranks": 2,
+        "seq_len": spec.seq_len,
+        "layout": spec.layout,
+        "max_abs_diff": float((got - full).abs().max()),
+        "tolerance": 1e-5,
+        "kv_share": padded_length(layout) / spec.seq_len,
+        "imbalance": imbalance(causal_work(layout)),
+        "contiguous_imbalance": imbalance(causal_work(make_layout("contiguous", spec.seq_len, 2))),
+        "ring_bytes": [sum(c["bytes"] for c in r.counts.values()) for r in cp],
+    }
+    return expert, context
+
+
 def bench_parallel(options: ParallelBench | None = None) -> dict:
     """Everything of chapter 15 measured on this machine (see the module's docstring)."""
     b = options or ParallelBench()
@@ -301,6 +376,7 @@ def bench_parallel(options: ParallelBench | None = None) -> dict:
     record["gpu_links"] = gpu_link_rows(config, tensor, pipeline)
     record["tp_speedups"] = tp_speedup_rows()
     record["replicas"] = replica_rows(b, model)
+    record["expert_parallel"], record["context_parallel"] = expert_and_context_rows(b, model, prompt)
     return finish_provenance(record)
 
 
@@ -407,6 +483,29 @@ def format_replicas(rows: Sequence[Mapping]) -> str:
     return format_table(rows, columns, title=title)
 
 
+def format_experts_and_context(figures: Mapping) -> list[str]:
+    """The expert-parallel layer and the ring, one short paragraph each (none in older runs)."""
+    from ..measure.report import wrap_line
+
+    ep, cp = figures.get("expert_parallel"), figures.get("context_parallel")
+    if not ep or not cp:
+        return []
+    expert = (
+        f"Expert parallel: one MoE layer ({ep['n_experts']} experts, top {ep['top_k']}) over {ep['ranks']} ranks, "
+        f"{'+'.join(map(str, ep['tokens']))} tokens: largest difference from one process {ep['max_abs_diff']:.1e}; "
+        f"all-to-all bytes counted {', '.join(f'{n:,}' for n in ep['counted_bytes'])} per rank, "
+        f"{'equal to' if ep['bytes_equal'] else 'NOT equal to'} the routing's split sizes; the busiest expert "
+        f"got {ep['max_over_mean']:.2f}x the mean rows, the busiest rank {ep['rank_max_over_mean']:.2f}x."
+    )
+    context = (
+        f"Context parallel: ring attention over {cp['seq_len']} tokens on {cp['ranks']} ranks ({cp['layout']} split): "
+        f"largest difference from one process {cp['max_abs_diff']:.1e}; each rank keeps {cp['kv_share']:.2f}x of "
+        f"the K/V; the busiest rank's causal work is {cp['imbalance']:.2f}x the mean "
+        f"({cp['contiguous_imbalance']:.2f}x split in order)."
+    )
+    return ["\n".join(wrap_line(expert)), "\n".join(wrap_line(context))]
+
+
 def format_parallel(figures: Mapping) -> str:
     from ..measure.report import describe, wrap_line
 
@@ -418,6 +517,7 @@ def format_parallel(figures: Mapping) -> str:
         format_gpu_links(figures["gpu_links"]),
         format_speedups(figures["tp_speedups"]),
         format_replicas(figures["replicas"]),
+        *format_experts_and_context(figures),
         "\n".join(
             wrap_line(
                 "Replicas raise throughput (requests are served side by side); no request runs faster "

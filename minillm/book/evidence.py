@@ -179,3 +179,94 @@ def split_from_parallel(record: Mapping) -> str | None:
         f"{most['ranks']}-way tensor parallel: each rank holds {most['local_params'] / one['local_params']:.2f}x "
         f"the weights; {same} greedy tokens as 1 rank"
     )
+
+
+def replicas_from_parallel(record: Mapping) -> str | None:
+    """bench parallel: output tokens/s of several whole-model replicas against one, same requests."""
+    rows = record["replicas"]
+    one, most = _row(rows, replicas=1), max(rows, key=lambda r: r["replicas"])
+    if not one or most["replicas"] == 1:
+        return None
+    same = "same" if all(r["tokens_equal"] for r in rows) else "NOT the same"
+    return (
+        f"{most['replicas']} replicas: {most['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x the output "
+        f"tok/s of one, TTFT p50 {one['ttft_p50_ms']:.0f} -> {most['ttft_p50_ms']:.0f} ms; {same} tokens"
+    )
+
+
+def context_from_parallel(record: Mapping) -> str | None:
+    """bench parallel: ring attention over the ranks against attention over the whole sequence."""
+    cp = record["context_parallel"]
+    same = "equals" if cp["max_abs_diff"] <= cp["tolerance"] else "does NOT equal"
+    return (
+        f"{cp['ranks']}-way ring attention over {cp['seq_len']} tokens {same} one process's; each rank keeps "
+        f"{cp['kv_share']:.2f}x of the K/V, and the {cp['layout']} split leaves the busiest rank "
+        f"{cp['imbalance']:.2f}x the mean work"
+    )
+
+
+def experts_from_parallel(record: Mapping) -> str | None:
+    """bench parallel: a mixture-of-experts layer split over the ranks against one process."""
+    ep = record["expert_parallel"]
+    same = "equals" if ep["max_abs_diff"] <= ep["tolerance"] else "does NOT equal"
+    bytes_ok = "=" if ep["bytes_equal"] else "!="
+    return (
+        f"{ep['ranks']}-way expert parallel MoE ({ep['n_experts']} experts, top-{ep['top_k']}) {same} one process's; "
+        f"all-to-all bytes {bytes_ok} the routing's count; busiest expert {ep['max_over_mean']:.2f}x the mean load"
+    )
+
+
+def batch_from_capstone(record: Mapping) -> str | None:
+    """bench capstone: the most an online service sells within the SLO against a batch of the same requests."""
+    sweep = record["rate_sweep"]
+    online = max((r for r in sweep if r["rate"] is not None), key=lambda r: r["good_tokens_per_s"])
+    batch = next(r for r in sweep if r["rate"] is None)
+    return (
+        f"a batch of the same requests: {batch['throughput']:.0f} tok/s, against {online['good_tokens_per_s']:.0f} "
+        f"within the SLO online at best ({online['rate']:g} req/s), same max batch: a batch token costs "
+        f"{online['good_tokens_per_s'] / batch['throughput']:.2f} of an online one"
+    )
+
+
+def generation_from_generate(record: Mapping) -> str | None:
+    """bench generate: minillm's greedy generation against transformers' on the same weights."""
+    run = record["vs_transformers"]
+    same = "same" if run["same_greedy_tokens"] else "NOT the same"
+    return (
+        f"{run['minillm']['tokens_per_s']:.0f} tok/s against transformers' {run['transformers']['tokens_per_s']:.0f} "
+        f"({run['speedup']:.2f}x), {same} greedy tokens ({run['model']}, eager)"
+    )
+
+
+def _method(record: Mapping, prefix: str) -> Mapping:
+    return next(r for r in record["rows"] if r["method"].startswith(prefix) and "compiled" not in r["method"])
+
+
+def speculative_from_decoding(record: Mapping) -> str | None:
+    """bench decoding: speculative decoding with the bundled draft against greedy (eager rows)."""
+    row = _method(record, "speculative")
+    return (
+        f"draft model, K={record['k']}: {row['speedup']:.2f}x greedy tok/s, "
+        f"{row['tokens_per_target_forward']:.2f} tokens per target forward"
+    )
+
+
+def parallel_from_decoding(record: Mapping) -> str | None:
+    """bench decoding: lookahead and Medusa decoding against greedy (eager rows)."""
+    look, medusa = _method(record, "lookahead"), _method(record, "medusa")
+    return (
+        f"lookahead {look['speedup']:.2f}x, Medusa {medusa['speedup']:.2f}x greedy tok/s "
+        f"({look['tokens_per_target_forward']:.2f} and {medusa['tokens_per_target_forward']:.2f} tokens per forward)"
+    )
+
+
+def ladder_from_capstone(record: Mapping) -> str | None:
+    """bench capstone: the whole ladder, from recomputing and from the KV-cache rung."""
+    rows = record["ladder"]
+    base, top = rows[0], rows[-1]
+    cached = next(r for r in rows if r["step"] == "+ KV cache")
+    return (
+        f"batch 1, random {record['shape']}: {base['tokens_per_s']:.1f} -> {top['tokens_per_s']:.1f} tok/s "
+        f"({top['tokens_per_s'] / base['tokens_per_s']:.1f}x; {top['tokens_per_s'] / cached['tokens_per_s']:.2f}x "
+        "from the KV-cache rung)"
+    )

@@ -25,9 +25,12 @@ from pathlib import Path
 from ..measure.report import PAGE_WIDTH, load_results, wrap_line
 from .evidence import (
     Reader,
+    batch_from_capstone,
     cache_from_generate,
+    context_from_parallel,
     decode_from_compression,
     decode_from_gpu_compression,
+    experts_from_parallel,
     kv_from_kv,
     lookup_from_decoding,
     overhead_from_generate,
@@ -35,6 +38,7 @@ from .evidence import (
     prefill_from_gpu_steps,
     prefill_from_step_cost,
     prefix_from_batching,
+    replicas_from_parallel,
     split_from_parallel,
     tail_from_disagg,
     throughput_from_batching,
@@ -49,6 +53,7 @@ class GuideEntry:
     """One row of the guide: a symptom, how it shows, what to try, and the measured figure behind it."""
 
     symptom: str  # what is wrong, e.g. "decode is bandwidth-bound"
+    stage: str  # which of the guide's four stages it belongs to (STAGES)
     signal: str  # how it shows in a measurement
     techniques: str  # what to try, most effective first
     chapters: tuple[int, ...]  # where the book teaches them
@@ -67,6 +72,7 @@ class Symptom:
     """A guide entry before its evidence: the prose, and where the evidence can be read."""
 
     symptom: str
+    stage: str
     signal: str
     techniques: str
     chapters: tuple[int, ...]
@@ -76,10 +82,13 @@ class Symptom:
     def __post_init__(self) -> None:
         if not self.readers:
             raise ValueError(f"symptom {self.symptom!r} needs at least one Reader of its evidence")
+        if self.stage not in STAGES:
+            raise ValueError(f"symptom {self.symptom!r}: stage must be one of {STAGES}, got {self.stage!r}")
 
     def entry(self, evidence: str, source: str, benchmark: str | None = None) -> GuideEntry:
         return GuideEntry(
             self.symptom,
+            self.stage,
             self.signal,
             self.techniques,
             self.chapters,
@@ -95,20 +104,128 @@ GENERATE = "python -m minillm bench generate"
 BATCHING = "python -m minillm bench batching"
 DISAGG = "python -m minillm bench disagg"
 
+PARALLEL = "python -m minillm bench parallel"
+CAPSTONE = "python -m minillm bench capstone"
+
+# Step 0, before any of them: an existing engine (vLLM, SGLang, TensorRT-LLM on GPUs, llama.cpp
+# on CPUs and laptops) already pages the KV cache, batches continuously and caches prefixes. The
+# guide is for what remains once one runs, and for reading what it does. Its order: first make
+# the model and its cache fit, then stop repeating work, then protect latency under load, and
+# only then make the step itself cheaper.
+STAGES = ("1. fit", "2. stop repeating work", "3. protect latency under load", "4. shave the step")
+
 SYMPTOMS: tuple[Symptom, ...] = (
     Symptom(
-        "prefill is compute-bound",
-        "TTFT grows in proportion to prompt tokens; a prompt token costs a small share of a decode step",
-        "fused attention (FlashAttention); 16-bit or fp8 tensor-core matmuls; skip it: prefix caching",
-        (3, 10),
-        "prefill time per prompt token against the roofline's FLOP/s; outputs equal the reference kernel's",
-        (
-            Reader("bench_disagg", DISAGG, prefill_from_step_cost),
-            Reader("gpu_check", GPU_CHECK, prefill_from_gpu_steps),
-        ),
+        "the model is too large for one device",
+        STAGES[0],
+        "weights + KV cache exceed the device's memory; out-of-memory at load",
+        "int8/int4 weights; tensor or pipeline parallel; offload layers to the host",
+        (12, 15),
+        "the same greedy tokens as one device; communicated bytes = the formula; tok/s per device",
+        (Reader("bench_parallel", PARALLEL, split_from_parallel),),
+    ),
+    Symptom(
+        "an MoE model too large for one device",
+        STAGES[0],
+        "the experts' weights dominate and exceed one device; each token uses only top-k of them",
+        "expert parallelism: experts split over devices, tokens routed by all-to-all",
+        (15,),
+        "outputs equal one process's; all-to-all bytes = tokens x top-k x d_model x bytes x (p-1)/p; expert load",
+        (Reader("bench_parallel", PARALLEL, experts_from_parallel),),
+    ),
+    Symptom(
+        "the KV cache fills the memory",
+        STAGES[0],
+        "KV bytes per token x context x batch reach the weights' bytes; the batch is capped by memory",
+        "int8/fp8 KV cache; tensor parallel; preemption; GQA/MQA only by uptraining",
+        (5, 13, 15),
+        "KV bytes and decode tok/s per technique; perplexity after quantizing, uptraining or evicting",
+        (Reader("bench_kv", "python -m minillm bench kv", kv_from_kv),),
+    ),
+    Symptom(
+        "KV memory reserved but unused",
+        STAGES[0],
+        "fewer sequences fit than the memory holds: each reserves a slot for its longest length",
+        "paged KV cache (block tables); continuous batching",
+        (6, 13),
+        "wasted share of the KV memory, paged vs contiguous; the same tokens as the contiguous cache",
+        (Reader("bench_batching", BATCHING, waste_from_batching),),
+    ),
+    Symptom(
+        "each step recomputes the whole prefix",
+        STAGES[1],
+        "time per new token grows with its position; total time grows with the square of the length",
+        "KV cache: keep each token's keys and values, feed only the new token",
+        (4,),
+        "tok/s with and without the cache; the same greedy tokens",
+        (Reader("bench_generate", GENERATE, cache_from_generate),),
+    ),
+    Symptom(
+        "long prompts shared by many requests",
+        STAGES[1],
+        "TTFT dominated by a system prompt or document that every request repeats",
+        "prefix caching (shared KV blocks, reference-counted)",
+        (6,),
+        "TTFT with and without the prefix cache; the same tokens either way",
+        (Reader("bench_batching", BATCHING, prefix_from_batching),),
+    ),
+    Symptom(
+        "the output copies the input",
+        STAGES[1],
+        "summaries, code edits, RAG answers: long n-grams of the output already stand in the prompt",
+        "prompt lookup decoding (drafts matched in the prompt); lookahead decoding",
+        (8, 9),
+        "tok/s and tokens per target forward vs greedy; exactly the greedy tokens",
+        (Reader("bench_decoding", "python -m minillm bench decoding", lookup_from_decoding),),
+    ),
+    Symptom(
+        "throughput low with many users",
+        STAGES[2],
+        "static batches wait for their longest member; padding rows in every step",
+        "continuous batching (iteration-level scheduling)",
+        (13,),
+        "output tok/s and TTFT p50/p99 on the same workload, static vs continuous",
+        (Reader("bench_batching", BATCHING, throughput_from_batching),),
+    ),
+    Symptom(
+        "one server saturated by its users",
+        STAGES[2],
+        "goodput stops rising with the arrival rate; TTFT grows with the queue, not the prompt",
+        "replicas: more copies of the whole model behind a load balancer",
+        (15,),
+        "output tok/s and TTFT p50 per replica count on the same requests; the same tokens",
+        (Reader("bench_parallel", PARALLEL, replicas_from_parallel),),
+    ),
+    Symptom(
+        "tail latency spikes under load",
+        STAGES[2],
+        "p99 gap between tokens jumps whenever a long prompt arrives; TPOT misses its SLO",
+        "chunked prefill (tune its budget); prefill/decode disaggregation",
+        (13, 14),
+        "p99 inter-token gap and goodput within the SLO per mode; KV handoff bytes = the formula",
+        (Reader("bench_disagg", DISAGG, tail_from_disagg),),
+    ),
+    Symptom(
+        "one long prompt's TTFT breaks the SLO",
+        STAGES[2],
+        "TTFT over the SLO with an empty queue: a single prefill of a very long context is too slow",
+        "context parallelism: the prompt's tokens split over devices, K/V passed around a ring",
+        (15,),
+        "ring attention equal to one device's; K/V bytes per rank; the causal work balanced (zigzag)",
+        (Reader("bench_parallel", PARALLEL, context_from_parallel),),
+    ),
+    Symptom(
+        "cost matters more than latency",
+        STAGES[2],
+        "the answers can wait for hours; an online SLO keeps the machine below its capacity",
+        "a batch API: take the requests at once and keep the batch full",
+        (2, 16),
+        "output tok/s of a batch against the best in-SLO tok/s online at the same max batch",
+        (Reader("bench_capstone", CAPSTONE, batch_from_capstone),),
     ),
     Symptom(
         "decode is bandwidth-bound",
+        STAGES[3],
         "tok/s at batch 1 ~ bandwidth / weight bytes; batch 16 costs about what batch 1 does",
         "int4/int8 weight-only quantization; speculative decoding; batching",
         (3, 7, 12),
@@ -119,15 +236,8 @@ SYMPTOMS: tuple[Symptom, ...] = (
         ),
     ),
     Symptom(
-        "each step recomputes the whole prefix",
-        "time per new token grows with its position; total time grows with the square of the length",
-        "KV cache: keep each token's keys and values, feed only the new token",
-        (4,),
-        "tok/s with and without the cache; the same greedy tokens",
-        (Reader("bench_generate", GENERATE, cache_from_generate),),
-    ),
-    Symptom(
         "per-step overhead at small batch",
+        STAGES[3],
         "batch-1 tok/s far under bandwidth / weight bytes; a profile shows gaps between kernels",
         "torch.compile; CUDA graphs (mode reduce-overhead) over a static KV cache",
         (11,),
@@ -138,60 +248,16 @@ SYMPTOMS: tuple[Symptom, ...] = (
         ),
     ),
     Symptom(
-        "the output copies the input",
-        "summaries, code edits, RAG answers: long n-grams of the output already stand in the prompt",
-        "prompt lookup decoding (drafts matched in the prompt); lookahead decoding",
-        (8, 9),
-        "tok/s and tokens per target forward vs greedy; exactly the greedy tokens",
-        (Reader("bench_decoding", "python -m minillm bench decoding", lookup_from_decoding),),
-    ),
-    Symptom(
-        "the KV cache fills the memory",
-        "KV bytes per token x context x batch reach the weights' bytes; the batch is capped by memory",
-        "GQA/MQA (convert and uptrain); int8 KV cache; sliding window or eviction",
-        (5,),
-        "KV bytes and decode tok/s per technique; perplexity after uptraining or eviction",
-        (Reader("bench_kv", "python -m minillm bench kv", kv_from_kv),),
-    ),
-    Symptom(
-        "KV memory reserved but unused",
-        "fewer sequences fit than the memory holds: each reserves a slot for its longest length",
-        "paged KV cache (block tables); continuous batching",
-        (6, 13),
-        "wasted share of the KV memory, paged vs contiguous; the same tokens as the contiguous cache",
-        (Reader("bench_batching", BATCHING, waste_from_batching),),
-    ),
-    Symptom(
-        "long prompts shared by many requests",
-        "TTFT dominated by a system prompt or document that every request repeats",
-        "prefix caching (shared KV blocks, reference-counted)",
-        (6,),
-        "TTFT with and without the prefix cache; the same tokens either way",
-        (Reader("bench_batching", BATCHING, prefix_from_batching),),
-    ),
-    Symptom(
-        "throughput low with many users",
-        "static batches wait for their longest member; padding rows in every step",
-        "continuous batching (iteration-level scheduling)",
-        (13,),
-        "output tok/s and TTFT p50/p99 on the same workload, static vs continuous",
-        (Reader("bench_batching", BATCHING, throughput_from_batching),),
-    ),
-    Symptom(
-        "tail latency spikes under load",
-        "p99 gap between tokens jumps whenever a long prompt arrives; TPOT misses its SLO",
-        "chunked prefill; prefill/decode disaggregation",
-        (13, 14),
-        "p99 inter-token gap and goodput within the SLO per mode; KV handoff bytes = the formula",
-        (Reader("bench_disagg", DISAGG, tail_from_disagg),),
-    ),
-    Symptom(
-        "the model is too large for one device",
-        "weights + KV cache exceed the device's memory; out-of-memory at load",
-        "int8/int4 weights; tensor parallel; pipeline parallel",
-        (12, 15),
-        "the same greedy tokens as one device; communicated bytes = the formula; tok/s per device",
-        (Reader("bench_parallel", "python -m minillm bench parallel", split_from_parallel),),
+        "prefill is compute-bound",
+        STAGES[3],
+        "TTFT grows in proportion to prompt tokens; a prompt token costs a small share of a decode step",
+        "fused attention (FlashAttention); 16-bit or fp8 matmuls; skip it: prefix caching",
+        (3, 10),
+        "prefill time per prompt token against the roofline's FLOP/s; outputs equal the reference kernel's",
+        (
+            Reader("bench_disagg", DISAGG, prefill_from_step_cost),
+            Reader("gpu_check", GPU_CHECK, prefill_from_gpu_steps),
+        ),
     ),
 )
 
@@ -231,13 +297,14 @@ def _read(reader: Reader, record: Mapping) -> str | None:
         return None
 
 
-def evidence_for(
-    symptom: Symptom, results: Mapping[str, Mapping[str, Mapping]], prefer: Sequence[str] = ()
-) -> GuideEntry:
-    """The symptom's entry with its evidence from the best saved run: preferred hardware first,
-    then the newest run (undated runs last), then the readers' order."""
+def best_evidence(
+    readers: Sequence[Reader], results: Mapping[str, Mapping[str, Mapping]], prefer: Sequence[str] = ()
+) -> tuple[str, str, Reader] | None:
+    """The best saved run the readers can read: preferred hardware first, then the newest run
+    (undated runs last), then the readers' order. Its sentence, its file and its reader; None
+    when no saved run has the figures."""
     found = []
-    for order, reader in enumerate(symptom.readers):
+    for order, reader in enumerate(readers):
         for hardware, record in results.get(reader.name, {}).items():
             sentence = _read(reader, record)
             if sentence:
@@ -246,9 +313,20 @@ def evidence_for(
                 stamp = -date.timestamp() if date else float("inf")
                 found.append(((rank, stamp, order, hardware), sentence, f"{hardware}/{reader.name}.json", reader))
     if not found:
+        return None
+    _, sentence, source, reader = min(found, key=lambda f: f[0])
+    return sentence, source, reader
+
+
+def evidence_for(
+    symptom: Symptom, results: Mapping[str, Mapping[str, Mapping]], prefer: Sequence[str] = ()
+) -> GuideEntry:
+    """The symptom's entry with its evidence from the best saved run (``best_evidence``)."""
+    best = best_evidence(symptom.readers, results, prefer)
+    if best is None:
         benchmark = symptom.readers[0].command
         return symptom.entry(NO_RUN.format(benchmark=benchmark), "")
-    _, sentence, source, reader = min(found, key=lambda f: f[0])
+    sentence, source, reader = best
     return symptom.entry(sentence, source, reader.command)
 
 
@@ -282,8 +360,11 @@ def format_guide(entries: Sequence[GuideEntry], width: int = PAGE_WIDTH) -> str:
     if width < 40:
         raise ValueError(f"width must be at least 40 characters, got {width}")
     indent = " " * 13
-    blocks = []
+    blocks, stage = [], None
     for i, e in enumerate(entries, 1):
+        if e.stage != stage:
+            stage = e.stage
+            blocks.append(f"== {stage} ==")
         head = f"{i}. {e.symptom}"
         label = chapters_label(e.chapters)
         lines = [f"{head}{label.rjust(width - len(head))}" if len(head) + len(label) < width else head]
@@ -307,12 +388,13 @@ def _cell(text: str) -> str:
 def guide_markdown(entries: Sequence[GuideEntry]) -> str:
     """The guide as a Markdown table (for ``IPython.display.Markdown`` in a notebook)."""
     lines = [
-        "| symptom | how it shows | what to try | where | measure | verify | measured |",
-        "|---|---|---|---|---|---|---|",
+        "| stage | symptom | how it shows | what to try | where | measure | verify | measured |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         measured = f"{e.evidence} ({e.source})" if e.source else e.evidence
         cells = [
+            e.stage,
             f"**{e.symptom}**",
             e.signal,
             e.techniques,

@@ -148,6 +148,8 @@ def cmd_bench_capstone(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             requests=args.requests,
             rate=args.rate,
+            sweep_rates=tuple(args.sweep_rate),
+            sweep_requests=args.sweep_requests,
             slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot),
             compile=not args.no_compile,
             http=not args.no_http,
@@ -181,3 +183,11 @@ def add_capstone(kinds) -> None:
     )
     p.add_argument("--no-compile", action="store_true", help="skip the compiled rows (no compile time)")
     p.add_argument("--no-http", action="store_true", help="skip the served-over-HTTP row (no server process)")
+    p.add_argument(
+        "--sweep-rate",
+        type=float,
+        nargs="+",
+        default=[2.0, 4.0, 6.0, 8.0, 12.0],
+        help="arrival rates (requests/s) of the online-against-batch sweep",
+    )
+    p.add_argument("--sweep-requests", type=int, default=32, help="requests per rate of that sweep")

@@ -31,24 +31,42 @@ class Rung:
     compiled: bool  # decode through torch.compile over a static cache
     scheme: str | None = None  # weight-only quantization: "int8", "int4"; None: 16/32-bit weights
     group: int | None = None  # int4 group size
+    half: bool = False  # weights and activations in 16 bits (bf16) rather than the baseline's fp32
     lossless: bool = True  # the step makes the previous rung's greedy tokens
 
     @property
-    def weights(self) -> tuple[str | None, int | None]:
-        return self.scheme, self.group
+    def weights(self) -> tuple[str | None, int | None, bool]:
+        """How the model is stored (a quantized model computes in 16 bits anyway)."""
+        return self.scheme, self.group, self.half or self.scheme is not None
 
 
 # Compilation comes last: on a CPU each rung compiled would be a graph of its own to build (a
 # minute and a half for a 30-layer model, the first time), and compiled decoding of the int4
 # model is what a reader would keep. gpt-fast compiled first, then quantized; on a GPU the
 # check's sections measure that order (``bench.capstone_tables.gpu_ladder_rows``).
+# The bf16 rung comes before int8 so that each rung changes one thing: the int8 model computes
+# in bf16 too, and its gain over the row above is then the 8-bit weights' alone.
 LADDER = (
     Rung("recompute (baseline)", cache=False, compiled=False),
     Rung("+ KV cache", cache=True, compiled=False),
-    Rung("+ int8 weights", cache=True, compiled=False, scheme="int8", lossless=False),
-    Rung("+ int4 weights (g128)", cache=True, compiled=False, scheme="int4", group=128, lossless=False),
-    Rung("+ compiled decode", cache=True, compiled=True, scheme="int4", group=128),
+    Rung("+ bf16 weights", cache=True, compiled=False, half=True, lossless=False),
+    Rung("+ int8 weights", cache=True, compiled=False, scheme="int8", half=True, lossless=False),
+    Rung("+ int4 weights (g128)", cache=True, compiled=False, scheme="int4", group=128, half=True, lossless=False),
+    Rung("+ compiled decode", cache=True, compiled=True, scheme="int4", group=128, half=True),
 )
+
+# Each rung's technique applied to the KV-cache rung by itself, for the ladder's "alone" column.
+# The bf16, int8 and int4 rungs already are (their weights replace the KV-cache rung's; int8 and
+# int4 compute in bf16, so they include it); compiling alone is the fp32 model compiled.
+ALONE = {"+ compiled decode": Rung("compiled decode alone", cache=True, compiled=True)}
+
+
+def alone_rung(rung: Rung) -> Rung | None:
+    """The rung that measures ``rung``'s technique on the KV-cache rung alone (None for the
+    baseline and the KV-cache rung, which the column is measured against)."""
+    if rung.name in (LADDER[0].name, LADDER[1].name):
+        return None
+    return ALONE.get(rung.name, rung)
 
 
 def recipe_of(rung: Rung) -> str:
@@ -56,16 +74,20 @@ def recipe_of(rung: Rung) -> str:
     parts = ["KV cache"] if rung.cache else ["recompute"]
     if rung.scheme:
         parts.append(rung.scheme + (f" g{rung.group}" if rung.group else ""))
+    elif rung.half:
+        parts.append("bf16")
     return ", ".join(parts + (["compiled"] if rung.compiled else []))
 
 
 def rung_models(base: Transformer, rungs: tuple[Rung, ...], dtype: torch.dtype) -> dict[str, Transformer]:
-    """The model of each rung: ``base`` itself for 16/32-bit weights, else one quantized
-    copy per scheme (shared by the rungs that store it so), computing in ``dtype``."""
-    stored: dict[tuple, Transformer] = {(None, None): base}
+    """The model of each rung: ``base`` itself for the baseline's weights, else one
+    copy per storage format computing in ``dtype`` (the 16-bit type): cast for 16-bit
+    weights, quantized for int8/int4, shared by the rungs that store them alike."""
+    stored: dict[tuple, Transformer] = {(None, None, False): base}
     for rung in rungs:
         if rung.weights not in stored:
-            stored[rung.weights] = quantize(copy.deepcopy(base).to(dtype), rung.scheme, rung.group)
+            half = copy.deepcopy(base).to(dtype)
+            stored[rung.weights] = quantize(half, rung.scheme, rung.group) if rung.scheme else half
     return {rung.name: stored[rung.weights] for rung in rungs}
 
 

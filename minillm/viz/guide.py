@@ -35,10 +35,16 @@ def _hardware(entries) -> list[str]:
     return list(dict.fromkeys(e.source.split("/")[0] for e in entries if e.source))
 
 
+def _stages(entries) -> list[str]:
+    return list(dict.fromkeys(getattr(e, "stage", None) for e in entries if getattr(e, "stage", None)))
+
+
 def _title(entries) -> str:
     hardware = _hardware(entries)
     where = f"saved runs: {', '.join(hardware)}" if hardware else "no saved runs yet"
-    return f"What to try, and the measured figure behind it ({where})"
+    stages = _stages(entries)
+    what = f"{stages[0]}: what to try" if len(stages) == 1 else "What to try"
+    return f"{what}, and the measured figure behind it ({where})"
 
 
 def _draw_entry(ax, entry, y: float) -> None:
@@ -63,15 +69,40 @@ def _draw_entry(ax, entry, y: float) -> None:
     )
 
 
+STAGE_HEIGHT = 0.5  # a stage's heading, between its first entry and the one above
+
+
+def _layout(entries) -> tuple[list[float], list[tuple[str, float]], float]:
+    """Each entry's centre height, each stage heading's height, and the total height: entries one
+    unit apart, top down, a heading above the first entry of each stage (``GuideEntry.stage``)."""
+    centres, headings, y, stage = [], [], 0.0, None
+    several = len(_stages(entries)) > 1  # one stage: its name is the title's, no heading
+    for entry in entries:
+        here = getattr(entry, "stage", None)
+        if several and here and here != stage:
+            headings.append((here, y + STAGE_HEIGHT / 2))
+            y += STAGE_HEIGHT
+        stage = here
+        centres.append(y + 0.5)
+        y += 1.0
+    return centres, headings, y
+
+
 def plot_decision_guide(entries: Sequence, ax=None):
-    """The guide as a diagram, one row per entry, symptoms on the left; returns the figure."""
+    """The guide as a diagram, one row per entry, symptoms on the left, under a heading for each
+    stage of the guide's order (the entries of one stage: the stage in the title instead, a
+    figure short enough to see whole; chapter 16 draws one per stage); returns the figure."""
     if not entries:
         raise ValueError("plot_decision_guide: entries is empty")
-    n = len(entries)
+    centres, headings, total = _layout(entries)
+    n = total  # in entry heights: the y axis runs from 0 (bottom) to n (top)
     if ax is None:
-        _, ax = plt.subplots(figsize=(WIDTH, 0.9 * n + 1))
-    for i, entry in enumerate(entries):
-        _draw_entry(ax, entry, n - i - 0.5)
+        _, ax = plt.subplots(figsize=(WIDTH, 1.15 * n + 1))
+    for entry, centre in zip(entries, centres):
+        _draw_entry(ax, entry, n - centre)
+    for stage, y in headings:
+        ax.text(0.05, n - y + 0.02, stage, ha="left", va="bottom", fontsize=9, fontweight="bold", color="0.2")
+        ax.plot([0.05, WIDTH - 0.05], [n - y - 0.02] * 2, color="0.75", lw=0.8)
     ax.text(0.05 + LEFT_WIDTH / 2, n + 0.2, "symptom (measured)", ha="center", va="bottom", fontsize=9, color="0.3")
     ax.text(
         LEFT_WIDTH + GAP + 0.15,

@@ -18,8 +18,10 @@ from minillm.bench.capstone import (
 )
 from minillm.bench.capstone_tables import (
     GPU_STEPS,
+    best_online,
     format_decoding_rows,
     format_gpu_ladder,
+    format_rate_sweep,
     format_step_split,
     gpu_ladder_rows,
     step_split,
@@ -49,6 +51,8 @@ QUICK = dict(
     output_median=4,
     system_len=64,
     max_batch=4,
+    sweep_rates=(2.0, 1000.0),
+    sweep_requests=4,
     device="cpu",
 )
 
@@ -61,8 +65,14 @@ def result():
 def test_the_ladder_keeps_the_baselines_tokens_and_holds_the_caches_bytes(result):
     rows = {r["step"]: r for r in result["ladder"]}
     assert list(rows) == [r.name for r in LADDER if not r.compiled]
-    int8, int4 = rows["+ int8 weights"], rows["+ int4 weights (g128)"]
-    assert int8["agreement"] is not None and int4["agreement"] is not None  # new weights: measured
+    bf16, int8, int4 = rows["+ bf16 weights"], rows["+ int8 weights"], rows["+ int4 weights (g128)"]
+    for row in (bf16, int8, int4):
+        assert row["agreement"] is not None  # new weights: measured
+        # each is its technique alone on the KV-cache rung, so its alone ratio is its own speed's
+        assert row["alone"] == row["step"] and row["alone_tokens_per_s"] == row["tokens_per_s"]
+        assert row["alone_vs_kv_cache"] == pytest.approx(row["tokens_per_s"] / rows["+ KV cache"]["tokens_per_s"])
+    assert bf16["kv_bytes"] == rows["+ KV cache"]["kv_bytes"] // 2  # 16-bit keys and values
+    assert bf16["weights_bytes"] == rows["+ KV cache"]["weights_bytes"] // 2
     base, cached = rows["recompute (baseline)"], rows["+ KV cache"]
     assert cached["same_tokens_as_baseline"] and cached["same_tokens_as_previous"]
     assert cached["same_outputs"] == cached["outputs"] == 2
@@ -72,6 +82,7 @@ def test_the_ladder_keeps_the_baselines_tokens_and_holds_the_caches_bytes(result
     assert cached["ppl_change_pct"] == 0 and cached["agreement"] is None  # the same weights
     assert cached["vs_baseline"] == pytest.approx(cached["tokens_per_s"] / base["tokens_per_s"])
     assert base["vs_baseline"] == 1 and base["lossless"] and cached["lossless"]
+    assert base["alone_vs_kv_cache"] is None and cached["alone_vs_kv_cache"] is None
 
 
 def test_decoding_rows_are_lossless_against_greedy(result):
@@ -99,12 +110,26 @@ def test_serving_rows_with_prefix_caching_hold_fewer_blocks(result):
     rows = {r["step"]: r for r in result["serving"]}
     assert list(rows) == [name for name, *_ in SERVED] + ["+ served over HTTP", OFFLINE]
     one, batched, prefix = (rows[name] for name, *_ in SERVED)
+    # the batch row runs at the online rows' max batch (like for like): no more rows per step
+    assert rows[OFFLINE]["throughput"] > 0
     # 4 requests at once share a 64-token (4-block) system prompt: 12 blocks fewer when it is shared
     assert prefix["kv_bytes"] < batched["kv_bytes"]
     assert one["kv_bytes"] < batched["kv_bytes"]  # one sequence at a time holds one sequence's blocks
     for row in rows.values():
         assert row["throughput"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0
         assert 0 <= row["good_tokens_per_s"] <= row["throughput"] * (1 + 1e-9) and row["goodput_rps"] >= 0
+
+
+def test_the_rate_sweep_offers_each_rate_and_the_batch_at_the_same_max_batch(result):
+    sweep = result["rate_sweep"]
+    assert [r["rate"] for r in sweep] == [2.0, 1000.0, None]
+    for row in sweep:
+        assert 0 <= row["good_tokens_per_s"] <= row["throughput"] * (1 + 1e-9)
+        assert 1 <= row["mean_batch"] <= QUICK["max_batch"]
+    best = best_online(sweep)
+    assert best["rate"] is not None and best["good_tokens_per_s"] == max(r["good_tokens_per_s"] for r in sweep[:2])
+    text = format_rate_sweep(result)
+    assert f"at {best['rate']:g} req/s" in text and "at once" in text
 
 
 def test_the_step_split_is_the_step_minus_the_weights_at_copy_speed(result):
@@ -142,6 +167,9 @@ def test_compiled_int4_decoding_makes_the_eager_int4_tokens():
     assert list(by_step) == [r.name for r in LADDER]
     compiled, int4, int8 = by_step["+ compiled decode"], by_step["+ int4 weights (g128)"], by_step["+ int8 weights"]
     assert compiled["lossless"] and compiled["same_tokens_as_previous"] and compiled["compile_s"] > 0
+    # compiling alone: the fp32 model compiled, lossless against the eager KV-cache rung
+    assert compiled["alone"] == "compiled decode alone" and compiled["alone_compile_s"] > 0
+    assert compiled["alone_same_tokens_as_kv_cache"] and compiled["alone_vs_kv_cache"] > 0
     assert not int4["lossless"] and not int8["lossless"] and int4["compile_s"] == 0
     assert (
         compiled["weights_bytes"]
@@ -197,4 +225,6 @@ def test_options_are_checked_on_construction():
         CapstoneBench(repeats=0)
     with pytest.raises(ValueError, match="rate"):
         CapstoneBench(rate=0.0)
+    with pytest.raises(ValueError, match="sweep_rates"):
+        CapstoneBench(sweep_rates=(4.0, 0.0))
     assert CapstoneBench(device="cpu").dense_dtype == torch.float32

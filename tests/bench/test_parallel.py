@@ -84,6 +84,18 @@ def test_gpu_links_speedups_and_replicas(run):
     assert max(len(line) for line in text.splitlines()) <= 88
 
 
+def test_experts_and_the_ring_equal_one_process_and_count_their_bytes(run):
+    figures = run[0]
+    ep, cp = figures["expert_parallel"], figures["context_parallel"]
+    assert ep["max_abs_diff"] <= ep["tolerance"] and ep["bytes_equal"]
+    assert sum(ep["tokens"]) == 128 and sum(ep["rows_per_expert"]) == 128 * ep["top_k"]
+    assert ep["max_over_mean"] >= 1 and ep["rank_max_over_mean"] >= 1
+    assert cp["max_abs_diff"] <= cp["tolerance"] and cp["kv_share"] == 0.5  # 64 tokens, 32 a rank
+    assert cp["imbalance"] == pytest.approx(1.0) < cp["contiguous_imbalance"]  # zigzag balances the causal work
+    text = format_parallel(figures)
+    assert "Expert parallel" in text and "Context parallel" in text
+
+
 def test_gpu_link_prices_are_the_counts_times_the_cost_model():
     config = preset("Llama-2-7B")
     tensor = [{"ranks": 2, "payload_per_call": 8192, "calls_per_token": 64, "decode_ms": 1.0}]

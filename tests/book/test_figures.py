@@ -480,7 +480,11 @@ def _capstone_and_guide():
         lambda: capstone.plot_ladder(saved["ladder"], title=title, gpu_rows=gpu_ladder_rows(check)),
     )
     yield "plot_serving", lambda: capstone.plot_serving(saved["serving"], title=f"Serving, {saved['hardware']}")
-    yield "plot_decision_guide", lambda: guide.plot_decision_guide(decision_guide())
+    from minillm.book.guide import STAGES
+
+    for stage in STAGES:  # one figure per stage, as chapter 16 draws them
+        entries = [e for e in decision_guide() if e.stage == stage]
+        yield f"plot_decision_guide {stage}", lambda entries=entries: guide.plot_decision_guide(entries)
 
 
 def cases() -> dict:

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from minillm.book.guide import (  # noqa: E402
+    STAGES,
     SYMPTOMS,
     decision_guide,
     format_guide,
@@ -22,7 +23,7 @@ from minillm.book.guide import (  # noqa: E402
     result_date,
 )
 from minillm.measure.report import RESULTS_DIR  # noqa: E402
-from minillm.viz.guide import plot_decision_guide  # noqa: E402
+from minillm.viz.guide import STAGE_HEIGHT, plot_decision_guide  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,7 +106,32 @@ def expect_parallel(d):
     return [f"{most['ranks']}-way", f"{share:.2f}x the weights", "same greedy tokens"]
 
 
+def expect_replicas(d):
+    one, two = row(d["replicas"], replicas=1), max(d["replicas"], key=lambda r: r["replicas"])
+    return [f"{two['replicas']} replicas", f"{two['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x"]
+
+
+def expect_experts(d):
+    ep = d["expert_parallel"]
+    return [f"{ep['ranks']}-way", f"{ep['n_experts']} experts", f"{ep['max_over_mean']:.2f}x the mean load"]
+
+
+def expect_context(d):
+    cp = d["context_parallel"]
+    return [f"{cp['ranks']}-way", f"{cp['seq_len']} tokens", f"{cp['kv_share']:.2f}x of the K/V"]
+
+
+def expect_batch(d):
+    online = max((r for r in d["rate_sweep"] if r["rate"] is not None), key=lambda r: r["good_tokens_per_s"])
+    batch = row(d["rate_sweep"], rate=None)
+    return [f"{batch['throughput']:.0f} tok/s", f"{online['good_tokens_per_s']:.0f}", f"{online['rate']:g} req/s"]
+
+
 EXPECTED = {
+    ("an MoE model too large for one device", "bench_parallel"): expect_experts,
+    ("one server saturated by its users", "bench_parallel"): expect_replicas,
+    ("one long prompt's TTFT breaks the SLO", "bench_parallel"): expect_context,
+    ("cost matters more than latency", "bench_capstone"): expect_batch,
     ("prefill is compute-bound", "bench_disagg"): expect_disagg_prefill,
     ("decode is bandwidth-bound", "bench_compression"): expect_compression,
     ("each step recomputes the whole prefix", "bench_generate"): expect_generate_cache,
@@ -137,6 +163,15 @@ def test_saved_evidence_holds_the_figures_of_its_json():
             assert text in e.evidence, (e.symptom, text, e.evidence)
         checked += 1
     assert checked >= 8  # the store ships CPU runs of these benchmarks
+
+
+def test_entries_follow_the_guides_order_fit_first_the_step_last():
+    entries = decision_guide(RESULTS_DIR)
+    stages = [STAGES.index(e.stage) for e in entries]
+    assert stages == sorted(stages) and set(stages) == set(range(len(STAGES)))
+    assert entries[0].symptom == "the model is too large for one device"
+    kv = by_symptom(entries)["the KV cache fills the memory"]
+    assert kv.techniques.startswith("int8/fp8 KV cache")  # GQA changes the architecture: not first
 
 
 def test_newest_run_wins_unless_another_is_preferred():
@@ -231,7 +266,7 @@ def test_text_fits_its_width_and_markdown_has_a_row_per_entry(width, tmp_path):
         assert all(e.symptom in text and f"ch. {e.chapters[0]}" in text for e in entries)
     md = guide_markdown(entries).splitlines()
     assert len(md) == len(entries) + 2
-    assert all(line.replace("\\|", "").count("|") == 8 for line in md)
+    assert all(line.replace("\\|", "").count("|") == 9 for line in md)
     with pytest.raises(ValueError, match="width"):
         format_guide(entries, width=20)
 
@@ -251,7 +286,14 @@ def test_diagram_shows_every_symptom_and_its_evidence_without_overlap(tmp_path):
         assert texts.count(e.symptom) == 1
         assert any(t.startswith(e.evidence) for t in texts)
     assert all(hw in fig.axes[0].get_title() for hw in ("cpu-epyc-2core", "cpu-xeon-2core"))
-    assert fig.get_size_inches()[1] == pytest.approx(0.9 * len(entries) + 1)
+    # one unit per entry and a heading per stage, 1.15 in each
+    assert fig.get_size_inches()[1] == pytest.approx(1.15 * (len(entries) + STAGE_HEIGHT * len(STAGES)) + 1)
+    assert all(stage in texts for stage in STAGES)
+    for stage in STAGES:  # one stage alone: its name in the title, no heading, no overlap
+        alone = plot_decision_guide([e for e in entries if e.stage == stage])
+        assert alone.axes[0].get_title().startswith(f"{stage}: what to try")
+        assert stage not in [t.get_text() for t in alone.axes[0].texts] and overlapping(alone) == []
+        plt.close(alone)
     assert overlapping(fig) == []
     plt.close(fig)
     empty = plot_decision_guide(decision_guide(tmp_path))
