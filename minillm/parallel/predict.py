@@ -307,7 +307,7 @@ TP_SETUPS = (
     ("Llama-2-7B", "A100-80GB-SXM", "NVLink 3 (A100)", (1, 2, 4, 8)),
     ("Llama-2-7B", "A100-80GB-SXM", "PCIe 4.0 x16", (1, 2, 4, 8)),
     ("Llama-2-70B", "A100-80GB-SXM", "NVLink 3 (A100)", (2, 4, 8)),
-    ("Llama-3-70B", "H100-SXM", "NVLink 4 (H100)", (1, 2, 4, 8)),
+    ("Llama-3-70B", "H100-SXM", "NVLink 4 (H100)", (2, 4, 8)),  # 140 GB in bf16: not one 80 GB GPU
 )
 
 

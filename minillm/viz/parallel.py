@@ -241,8 +241,8 @@ def plot_causal_work(work_by_layout: Mapping[str, Sequence[int]], unit: str = "q
 
 def plot_tp_speedup(rows: Sequence[Mapping], title: str = ""):
     """Speedup against the number of GPUs, one line per (model, link) for the prediction, round
-    markers for published figures where a row has them, and the dashed ideal (speedup = GPUs /
-    the setup's fewest). Rows as ``parallel.predict.tp_speedup_rows`` makes them."""
+    markers for published figures where a row has them, and the ideal from each baseline
+    (speedup = GPUs / the setup's fewest). Rows as ``parallel.predict.tp_speedup_rows`` makes them."""
     require_keys(rows, ("model", "link", "gpus", "predicted_speedup"), "plot_tp_speedup")
     setups = list(dict.fromkeys((r["model"], r["link"]) for r in rows))
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.5))
@@ -259,7 +259,10 @@ def plot_tp_speedup(rows: Sequence[Mapping], title: str = ""):
             px, py = zip(*published)
             ax.plot(px, py, "o-", color=f"C{k}", label=f"{label}: published")
     top = max(r["gpus"] for r in rows)
-    ax.plot([1, top], [1, top], color=IDEAL_COLOR, ls=":", lw=1, label="ideal from 1 GPU (speedup = GPUs)")
+    # one ideal per baseline: from b GPUs the ideal speedup is GPUs / b
+    for b, style in zip(sorted({r.get("relative_to_gpus", 1) for r in rows}), (":", "-.", "--")):
+        unit = "GPU" if b == 1 else "GPUs"
+        ax.plot([b, top], [1, top / b], color=IDEAL_COLOR, ls=style, lw=1, label=f"ideal from {b} {unit} (GPUs / {b})")
     ax.set(xlabel="GPUs (tensor-parallel size)", ylabel="decode speedup\n(tokens/s over the fewest GPUs)")
     ax.set_xticks(sorted({r["gpus"] for r in rows}))
     ax.set_ylim(bottom=0)

@@ -91,7 +91,7 @@ def test_experts_and_the_ring_equal_one_process_and_count_their_bytes(run):
     assert sum(ep["tokens"]) == 128 and sum(ep["rows_per_expert"]) == 128 * ep["top_k"]
     assert ep["max_over_mean"] >= 1 and ep["rank_max_over_mean"] >= 1
     assert cp["max_abs_diff"] <= cp["tolerance"] and cp["kv_share"] == 0.5  # 64 tokens, 32 a rank
-    assert cp["imbalance"] == pytest.approx(1.0) < cp["contiguous_imbalance"]  # zigzag balances the causal work
+    assert cp["imbalance"] == pytest.approx(1.0) and cp["contiguous_imbalance"] > 1  # zigzag balances the work
     text = format_parallel(figures)
     assert "Expert parallel" in text and "Context parallel" in text
 

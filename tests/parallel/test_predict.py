@@ -122,7 +122,13 @@ def test_rows_pcie_pays_more_and_70b_does_not_fit_one_h100():
         for tp in (2, 4, 8):
             nv, pcie = by["Llama-2-7B", "NVLink 3 (A100)", tp], by["Llama-2-7B", "PCIe 4.0 x16", tp]
             assert pcie["comm_ms"] > nv["comm_ms"] and pcie["predicted_speedup"] < nv["predicted_speedup"]
-        assert not by["Llama-3-70B", "NVLink 4 (H100)", 1]["fits"] and by["Llama-3-70B", "NVLink 4 (H100)", 2]["fits"]
+        # 140 GB of bf16 weights: no 1-GPU point, the speedups start from 2 GPUs, which fit
+        seventy = [r for r in rows if r["model"] == "Llama-3-70B"]
+        assert [r["gpus"] for r in seventy] == [2, 4, 8] and all(
+            r["fits"] and r["relative_to_gpus"] == 2 for r in seventy
+        )
+        one = predict_tp_decode(preset("Llama-3-70B"), accelerator("H100-SXM"), TP_LINKS["NVLink 4 (H100)"], 1)
+        assert one.weight_bytes > accelerator("H100-SXM").memory_gb * 1e9
     # at batch 64 the payload is 64x larger and PCIe's bandwidth shows
     b1 = {(r["link"], r["gpus"]): r["comm_ms"] for r in tp_speedup_rows(batch=1) if r["model"] == "Llama-2-7B"}
     b64 = {(r["link"], r["gpus"]): r["comm_ms"] for r in tp_speedup_rows(batch=64) if r["model"] == "Llama-2-7B"}
