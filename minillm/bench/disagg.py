@@ -38,6 +38,7 @@ from ..serving.workload import Request, chat_trace, requests_from_trace
 from .batching import SIGMA, InterferenceWorkload, interference_workload, itl_figures
 from .disagg_simulated import (
     SimulatedSweep,
+    budget_sweep,
     format_simulated,
     pd_ratio_sweep,
     run_figures,
@@ -200,7 +201,8 @@ def bench_disagg(options: DisaggBench | None = None, simulated: SimulatedSweep |
 
 
 def bench_simulated(sweep: SimulatedSweep) -> dict:
-    """The GPU-sized simulations: goodput vs rate, the P:D sweep and the scenarios."""
+    """The GPU-sized simulations: goodput vs rate, the P:D sweep, the scenarios and chunked
+    prefill's token budget swept (the tuned baseline disaggregation has to beat)."""
     cost = asdict(sweep.engine().step_cost)
     return {
         "options": asdict(sweep),
@@ -209,6 +211,7 @@ def bench_simulated(sweep: SimulatedSweep) -> dict:
         "goodput": simulated_goodput(sweep),
         "pd_ratio": pd_ratio_sweep(sweep),
         "scenarios": scenario_table(sweep),
+        "budgets": budget_sweep(sweep),
     }
 
 

@@ -171,10 +171,33 @@ def pd_ratio_sweep(
     rows = []
     for mode in ("colocated", "chunked"):
         rate = max_rate_within_slo(s, mode, 1, 0, steps=steps)
-        rows.append({"ratio": mode, "workers": 1, "goodput_rps": rate, "goodput_per_worker": rate})
+        rows.append({"ratio": mode, "workers": 1, "max_rate_rps": rate, "max_rate_per_gpu": rate})
     for p, d in ratios:
         rate = max_rate_within_slo(s, "disagg", p, d, steps=steps)
-        rows.append({"ratio": f"{p}:{d}", "workers": p + d, "goodput_rps": rate, "goodput_per_worker": rate / (p + d)})
+        rows.append({"ratio": f"{p}:{d}", "workers": p + d, "max_rate_rps": rate, "max_rate_per_gpu": rate / (p + d)})
+    return rows
+
+
+def budget_sweep(
+    sweep: SimulatedSweep | None = None, budgets: Sequence[int] = (64, 128, 256, 512, 1024), steps: int = 6
+) -> list[dict]:
+    """Chunked prefill tuned (Sarathi-Serve's knob): for each token budget, how long a step that
+    carries a full budget of prompt tokens takes on the sweep's step cost (every running decode
+    waits that long for its next token while a long prompt is chunked), and one chunked GPU's
+    highest rate with 90% of requests within the SLO (``max_rate_within_slo``), beside one
+    colocated GPU's (no budget: a prompt is prefilled whole)."""
+    s = sweep or SimulatedSweep()
+    cost = s.engine().step_cost
+    rows = [
+        {
+            "token_budget": None,
+            "chunk_step_ms": None,
+            "max_rate": max_rate_within_slo(s, "colocated", 1, 0, steps=steps),
+        }
+    ]
+    for budget in budgets:
+        rate = max_rate_within_slo(replace(s, token_budget=budget), "chunked", 1, 0, steps=steps)
+        rows.append({"token_budget": budget, "chunk_step_ms": 1e3 * cost(0, budget), "max_rate": rate})
     return rows
 
 
@@ -195,17 +218,31 @@ def scenario_table(sweep: SimulatedSweep | None = None, ratios=((1, 1), (2, 1), 
     rows = []
     for name, changes in SCENARIOS.items():
         pd = pd_ratio_sweep(replace(s, **changes), ratios)
-        best = max(pd[2:], key=lambda r: r["goodput_per_worker"])
+        best = max(pd[2:], key=lambda r: r["max_rate_per_gpu"])
         rows.append(
             {
                 "scenario": name,
-                "colocated": pd[0]["goodput_per_worker"],
-                "chunked": pd[1]["goodput_per_worker"],
+                "colocated": pd[0]["max_rate_per_gpu"],
+                "chunked": pd[1]["max_rate_per_gpu"],
                 "best P:D": best["ratio"],
-                "disagg": best["goodput_per_worker"],
+                "disagg": best["max_rate_per_gpu"],
             }
         )
     return rows
+
+
+BUDGET_COLUMNS = {
+    "budget": "token budget",
+    "chunk_step_ms": "a full chunk's step (ms)",
+    "max_rate": "highest rate in SLO (req/s per GPU)",
+}
+
+
+def format_budgets(rows: Sequence[Mapping], title: str = "") -> str:
+    """``budget_sweep``'s rows: colocated first (no budget), then each budget."""
+    shown = [{**r, "budget": r["token_budget"] or "none (colocated)"} for r in rows]
+    title = title or "Chunked prefill by token budget, one GPU (simulated clock, roofline step costs)"
+    return format_table(shown, BUDGET_COLUMNS, title=title)
 
 
 def format_simulated(sim: Mapping) -> str:
@@ -221,4 +258,6 @@ def format_simulated(sim: Mapping) -> str:
         format_table(sim["pd_ratio"], title="Per-GPU goodput by P:D ratio (90% within the SLO; simulated)"),
         format_table(sim["scenarios"], title="Per-GPU goodput, req/s, where disaggregation wins and loses (simulated)"),
     ]
+    if sim.get("budgets"):
+        parts.append(format_budgets(sim["budgets"]))
     return "\n\n".join(parts)

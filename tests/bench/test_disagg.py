@@ -17,6 +17,8 @@ from minillm.bench.disagg import (
 )
 from minillm.bench.disagg_simulated import (
     SimulatedSweep,
+    budget_sweep,
+    format_budgets,
     max_rate_within_slo,
     pd_ratio_sweep,
     simulate_mode,
@@ -78,7 +80,19 @@ def test_max_rate_within_slo_brackets_the_attainment():
     assert max_rate_within_slo(impossible, "colocated", 1, 0) == 0.0
     rows = pd_ratio_sweep(TINY_SIM, ratios=((1, 1),))
     assert [r["ratio"] for r in rows] == ["colocated", "chunked", "1:1"]
-    assert rows[2]["goodput_per_worker"] == rows[2]["goodput_rps"] / 2
+    assert rows[2]["max_rate_per_gpu"] == rows[2]["max_rate_rps"] / 2
+
+
+def test_the_budget_sweep_prices_a_full_chunk_and_searches_each_budget():
+    rows = budget_sweep(TINY_SIM, budgets=(64, 512), steps=2)
+    assert [r["token_budget"] for r in rows] == [None, 64, 512]
+    cost = TINY_SIM.engine().step_cost
+    for r in rows[1:]:
+        assert r["chunk_step_ms"] == pytest.approx(1e3 * (cost.fixed + cost.prefill_rate * r["token_budget"]))
+        assert 0 <= r["max_rate"] <= max(TINY_SIM.rates)
+    assert rows[0]["max_rate"] == max_rate_within_slo(TINY_SIM, "colocated", 1, 0, steps=2)
+    text = format_budgets(rows)
+    assert "none (colocated)" in text and max(len(line) for line in text.splitlines()) <= 88
 
 
 def test_kv_transfer_table_is_the_formula():

@@ -405,7 +405,7 @@ def _disagg():
         for rate, share in zip((5.0, 10.0, 20.0, 30.0), shares)
     ]
     ratios = [
-        {"ratio": r, "workers": n, "goodput_rps": g, "goodput_per_worker": g / n}
+        {"ratio": r, "workers": n, "max_rate_rps": g, "max_rate_per_gpu": g / n}
         for r, n, g in (("1:1", 2, 6.0), ("1:2", 3, 10.5), ("2:1", 3, 7.0), ("1:3", 4, 12.0))
     ]
     transfer = [

@@ -117,9 +117,9 @@ def test_goodput_vs_rate_lines_per_mode_and_the_diagonal():
 
 def test_pd_ratio_highlights_the_best():
     rows = [
-        {"ratio": "1:1", "workers": 2, "goodput_rps": 6.0, "goodput_per_worker": 3.0},
-        {"ratio": "1:2", "gpus": 3, "goodput_rps": 10.5, "goodput_per_worker": 3.5},
-        {"ratio": "1:3", "workers": 4, "goodput_rps": 12.0, "goodput_per_worker": 3.0},
+        {"ratio": "1:1", "workers": 2, "max_rate_rps": 6.0, "max_rate_per_gpu": 3.0},
+        {"ratio": "1:2", "gpus": 3, "max_rate_rps": 10.5, "max_rate_per_gpu": 3.5},
+        {"ratio": "1:3", "workers": 4, "max_rate_rps": 12.0, "max_rate_per_gpu": 3.0},
     ]
     fig = plot_pd_ratio(rows, title="t")
     ax = fig.axes[0]
@@ -130,7 +130,7 @@ def test_pd_ratio_highlights_the_best():
     assert "best" in texts(fig)[1] and "on 3 workers" in texts(fig)[1] and "best" not in texts(fig)[0]
     plt.close(fig)
     with pytest.raises(ValueError, match="row 0 lacks workers"):
-        plot_pd_ratio([{"ratio": "1:1", "goodput_rps": 1.0, "goodput_per_worker": 0.5}])
+        plot_pd_ratio([{"ratio": "1:1", "max_rate_rps": 1.0, "max_rate_per_gpu": 0.5}])
 
 
 def test_kv_transfer_bars_and_prefill_lines():
