@@ -30,7 +30,7 @@ from ..core.config import ModelConfig, shape_config
 from ..core.device import best_device
 from ..core.model import Transformer, random_model
 from ..measure.quality import continuation_agreement, logit_difference, perplexity
-from ..measure.report import describe, finish_provenance, format_table, provenance, signed_pct
+from ..measure.report import describe, finish_provenance, format_table, provenance, signed_pct, wrap_line
 from ..measure.timing import interleaved
 from ..training.corpus import corpus_prompts
 from ..training.train import encode_split
@@ -373,11 +373,13 @@ def summary_rows(result: dict, batch: int = 1) -> list[dict]:
             continue
         d = decode.get(t.speed_as or t.name)
         q = qual.get(t.name)
+        # a row timed as another (same stored format, or a dense matrix of zeros) says so: *
+        borrowed = t.speed_as is not None and t.speed_as != t.name
         rows.append(
             {
                 "technique": t.name,
-                "bytes": f"{d['model_bytes'] / decode[BASELINE]['model_bytes']:.2f}x" if d else "-",
-                "speed": (f"{d['vs_bf16']:.2f}x" + (" (dense)" if t.speed_as == BASELINE else "")) if d else "-",
+                "bytes": (f"{d['model_bytes'] / decode[BASELINE]['model_bytes']:.2f}x" + "*" * borrowed) if d else "-",
+                "speed": (f"{d['vs_bf16']:.2f}x" + "*" * borrowed) if d else "-",
                 "quality": signed_pct(100 * (q["perplexity"] / base_ppl - 1)) + " ppl" if q and base_ppl else "-",
                 "needs": t.needs,
             }
@@ -396,7 +398,16 @@ def format_summary(result: dict, batch: int = 1) -> str:
     where = [f"random {result['shape']} (speed)" if "shape" in result else None]
     where.append(f"{result.get('quality_model', 'minillm-target')} (quality)" if "quality" in result else None)
     title = f"Summary: {', '.join(w for w in where if w)}, on {result['hardware']}"
-    return format_table(summary_rows(result, batch), columns, title=title)
+    rows = summary_rows(result, batch)
+    text = format_table(rows, columns, title=title)
+    if any(r["speed"].endswith("*") for r in rows):
+        note = (
+            "* not timed: the row's bytes and speed are those of the format it stores (GPTQ and AWQ: "
+            "int4 g128's codes), or of bf16 for unstructured and 2:4 sparsity, which a dense kernel "
+            "multiplies at full price (no sparse kernel here)."
+        )
+        text += "\n" + "\n".join(wrap_line(note))
+    return text
 
 
 def format_compression(result: dict) -> str:

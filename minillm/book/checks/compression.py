@@ -48,6 +48,29 @@ def check_int4_groups(quantize: Callable, dequantize: Callable) -> None:
     passed(name, "codes 0..15, zero points, within half a step per group; the outlier hurts its group only")
 
 
+GROUP_BITS = [  # (group size, scale bits, zero-point bits), what a real checkpoint stores
+    (32, 16, 8),  # this chapter's int4 g32: an fp16 scale and a whole byte for the zero
+    (128, 16, 8),
+    (128, 16, 4),  # GPTQ/AWQ checkpoints pack the zero points in 4 bits too
+    (128, 16, 0),  # symmetric: no zero point
+    (32, 16, 0),  # GGUF's Q4_0
+]
+
+
+def check_bits_per_weight(fn: Callable) -> None:
+    """fn(group_size, scale_bits, zero_bits) -> bits per weight of int4 codes with one scale and
+    one zero point per group: 4 + (scale_bits + zero_bits) / group_size."""
+    name = "int4 bits per weight"
+    for g, scale, zero in GROUP_BITS:
+        want = 4 + (scale + zero) / g
+        got = fn(g, scale, zero)
+        hint = f"groups of {g}, a {scale}-bit scale and a {zero}-bit zero point: expected {want}, got {got!r}"
+        if isinstance(got, (int, float)) and abs(got - (scale + zero) / g) < 1e-12:
+            hint += ": the 4 bits of the code itself count too"
+        require(isinstance(got, (int, float)) and abs(got - want) < 1e-12, name, hint)
+    passed(name, "4 + (scale + zero bits) / group: 4.75 at g32, 4.1875, 4.15625 and 4.125 at g128")
+
+
 def check_two_four_mask(fn: Callable) -> None:
     """fn(score (N, K)) -> bool keep-mask (N, K): the 2 highest scores of every 4 consecutive inputs."""
     name = "2:4 mask"
