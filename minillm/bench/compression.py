@@ -13,6 +13,8 @@ chapter 12 (``python -m minillm bench compression``).
 from __future__ import annotations
 
 import copy
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -142,17 +144,36 @@ def _format_layer(name: str, weight: torch.Tensor) -> Callable[[torch.Tensor], t
     return layer
 
 
+ROTATE_BYTES = 256e6  # fp32 weight bytes the copies of one layer span: more than any last-level cache
+
+
+def matmul_copies(shape: tuple[int, int]) -> int:
+    """How many copies of an (N, K) layer the single-layer timing cycles through, so that each call
+    reads weights no earlier call left in the cache: enough for ``ROTATE_BYTES`` of fp32, at most 16."""
+    return max(1, min(16, math.ceil(ROTATE_BYTES / (4 * shape[0] * shape[1]))))
+
+
 @torch.inference_mode()
 def matmul_times(o: CompressionBench) -> list[dict]:
-    """Median ms of one (N, K) linear layer in each format, at each number of input rows."""
+    """Median ms of one (N, K) linear layer in each format, at each number of input rows. Each
+    format cycles through ``matmul_copies`` layers of its own (different random weights), one per
+    call, so that a timing reads its weights from memory, as a decode step reads a model larger
+    than the cache, rather than from a last-level cache the previous call filled."""
     n, k = o.matmul_shape
-    weight = torch.randn(n, k, device=o.device) * 0.02
-    layers = {name: _format_layer(name, weight) for name in MATMUL_FORMATS}
+    copies = matmul_copies(o.matmul_shape)
+    weights = [torch.randn(n, k, device=o.device) * 0.02 for _ in range(copies)]
+    layers = {name: [_format_layer(name, w) for w in weights] for name in MATMUL_FORMATS}
+    warm = torch.randn(1, k, device=o.device).bfloat16()
+    for fs in layers.values():  # each copy once, untimed: a kernel packs its weights on first use
+        for f in fs:
+            f(warm)
+    turns = {name: itertools.cycle(fs) for name, fs in layers.items()}
     rows = []
     for m in o.matmul_rows:
         x = torch.randn(m, k, device=o.device).bfloat16()
-        timings = interleaved({name: lambda f=f, x=x: f(x) for name, f in layers.items()}, o.repeats + 2, o.device)
-        paths = {name: getattr(f, "path", "dense") for name, f in layers.items()}
+        runs = {name: lambda t=t, x=x: next(t)(x) for name, t in turns.items()}
+        timings = interleaved(runs, o.repeats + 2, o.device)
+        paths = {name: getattr(fs[0], "path", "dense") for name, fs in layers.items()}
         bf16, fp32 = timings[BASELINE].median, timings["fp32"].median
         for name in layers:
             t = timings[name].median
@@ -276,6 +297,7 @@ def bench_compression(o: CompressionBench) -> dict:
         new_tokens=o.new_tokens,
         repeats=o.repeats,
         matmul_shape=list(o.matmul_shape),
+        matmul_copies=matmul_copies(o.matmul_shape),
         quality_model=o.model,
         quality_tokens=o.quality_windows * 256,
         calibration_tokens=o.calibration * 256,
@@ -294,7 +316,9 @@ def bench_compression(o: CompressionBench) -> dict:
 
 def format_matmul(result: dict) -> str:
     n, k = result["matmul_shape"]
-    title = f"One {n} x {k} linear layer, median ms (x in bf16) on {describe(result)}"
+    copies = result.get("matmul_copies")
+    cycled = f", cycling {copies} copies ({copies * n * k * 4 / 1e6:.0f} MB in fp32)" if copies else ""
+    title = f"One {n} x {k} linear layer{cycled}, median ms (x in bf16) on {describe(result)}"
     rows = [{**r, "speed": f"{r['vs_bf16']:.2f}x", "vs32": f"{r['vs_fp32']:.2f}x"} for r in result["matmul"]]
     columns = {
         "format": "weights",

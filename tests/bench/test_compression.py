@@ -10,6 +10,8 @@ from minillm.bench.compression import (
     bench_compression,
     format_compression,
     format_gpu_decode,
+    format_matmul,
+    matmul_copies,
     structured_shape,
     summary_rows,
 )
@@ -51,6 +53,9 @@ def test_a_small_run_has_every_table():
     )
     result = bench_compression(options)
     assert {r["format"] for r in result["matmul"]} >= {"bf16", "int8", "int4 g128"}
+    # each timing cycles through copies of its layer spanning more than a last-level cache
+    assert result["matmul_copies"] == matmul_copies((64, 64)) == 16 and matmul_copies((4096, 4096)) == 4
+    assert "cycling 16 copies" in format_matmul(result)
     bf16 = [r for r in result["matmul"] if r["format"] == "bf16"]
     assert all(r["vs_bf16"] == 1.0 for r in bf16)
     timed = {(r["technique"], r["batch"]) for r in result["decode"]}
