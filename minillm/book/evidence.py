@@ -168,29 +168,37 @@ def tail_from_disagg(record: Mapping) -> str | None:
     )
 
 
+def _against_one(rows: Sequence[Mapping], key: str, sentence: Callable[[Mapping, Mapping, str], str]) -> str | None:
+    """``sentence(one, most, same)`` of the row of 1 (rank or replica), the row of the most, and
+    whether every row's tokens were the same ("same" / "NOT the same"); None without a row of 1
+    or a row of more."""
+    one, most = _row(rows, **{key: 1}), max(rows, key=lambda r: r[key])
+    if not one or most[key] == 1:
+        return None
+    return sentence(one, most, "same" if all(r["tokens_equal"] for r in rows) else "NOT the same")
+
+
 def split_from_parallel(record: Mapping) -> str | None:
     """bench parallel: each tensor-parallel rank's share of the weights, and whether the tokens stayed."""
-    rows = record["tensor_parallel"]
-    one, most = _row(rows, ranks=1), max(rows, key=lambda r: r["ranks"])
-    if most["ranks"] == 1:
-        return None
-    same = "same" if all(r["tokens_equal"] for r in rows) else "NOT the same"
-    return (
-        f"{most['ranks']}-way tensor parallel: each rank holds {most['local_params'] / one['local_params']:.2f}x "
-        f"the weights; {same} greedy tokens as 1 rank"
+    return _against_one(
+        record["tensor_parallel"],
+        "ranks",
+        lambda one, most, same: (
+            f"{most['ranks']}-way tensor parallel: each rank holds "
+            f"{most['local_params'] / one['local_params']:.2f}x the weights; {same} greedy tokens as 1 rank"
+        ),
     )
 
 
 def replicas_from_parallel(record: Mapping) -> str | None:
     """bench parallel: output tokens/s of several whole-model replicas against one, same requests."""
-    rows = record["replicas"]
-    one, most = _row(rows, replicas=1), max(rows, key=lambda r: r["replicas"])
-    if not one or most["replicas"] == 1:
-        return None
-    same = "same" if all(r["tokens_equal"] for r in rows) else "NOT the same"
-    return (
-        f"{most['replicas']} replicas: {most['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x the output "
-        f"tok/s of one, TTFT p50 {one['ttft_p50_ms']:.0f} -> {most['ttft_p50_ms']:.0f} ms; {same} tokens"
+    return _against_one(
+        record["replicas"],
+        "replicas",
+        lambda one, most, same: (
+            f"{most['replicas']} replicas: {most['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x the "
+            f"output tok/s of one, TTFT p50 {one['ttft_p50_ms']:.0f} -> {most['ttft_p50_ms']:.0f} ms; {same} tokens"
+        ),
     )
 
 
