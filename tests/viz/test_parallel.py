@@ -115,10 +115,23 @@ def test_tp_speedup_lines():
         "M, NVLink: predicted",
         "M, NVLink: published",
         "M, PCIe: predicted",
-        "ideal from 1 GPU (speedup = GPUs)",
+        "ideal from 1 GPU (GPUs / 1)",
     ]
     assert list(ax.lines[1].get_ydata()) == [1.0, 1.6, 2.4] and list(ax.lines[2].get_xdata()) == [1, 2]
+    assert list(ax.lines[3].get_xdata()) == [1, 4] and list(ax.lines[3].get_ydata()) == [1, 4.0]
     assert "GPUs" in ax.get_xlabel() and "speedup" in ax.get_ylabel() and ax.get_title()
+    plt.close(fig)
+    # a model that only fits on two GPUs starts there, against its own ideal line
+    big = [
+        {"model": "B", "link": "NVLink", "gpus": g, "predicted_speedup": p, "relative_to_gpus": 2}
+        for g, p in ((2, 1.0), (4, 1.7), (8, 2.6))
+    ]
+    fig = plot_tp_speedup(rows + big)
+    ax = fig.axes[0]
+    labels = [ln.get_label() for ln in ax.lines]
+    assert labels[3] == "B, NVLink (vs 2 GPUs): predicted"
+    assert labels[-2:] == ["ideal from 1 GPU (GPUs / 1)", "ideal from 2 GPUs (GPUs / 2)"]
+    assert list(ax.lines[-1].get_xdata()) == [2, 8] and list(ax.lines[-1].get_ydata()) == [1, 4.0]
     plt.close(fig)
     with pytest.raises(ValueError, match="lacks predicted_speedup"):
         plot_tp_speedup([{"model": "M", "link": "l", "gpus": 1}])
