@@ -2,6 +2,7 @@
 
 - ``FRAMEWORKS``: vLLM, SGLang, Hugging Face TGI, TensorRT-LLM, llama.cpp and Ollama, each with
   what it is, its status (TGI is in maintenance mode; Ollama runs on llama.cpp) and when to pick it;
+  ``ALSO_PICKED``: MLX LM and LMDeploy, described the same way but not charted feature by feature;
 - ``FEATURES``: the techniques, each naming the chapter that teaches it;
 - ``SUPPORT[(feature_key, framework_name)]``: a short ``Cell`` per pair, with the bibliography keys
   (``book/references.bib``) of the documentation pages that state it. Where the pages read say
@@ -126,6 +127,32 @@ FRAMEWORKS: tuple[Framework, ...] = (
         "The quickest local setup: pull a model by name and call a local API; the same hardware "
         "niche as llama.cpp with fewer knobs.",
         ("ollama_readme", "ollama_faq"),
+    ),
+)
+
+# Two more engines a reader may pick, described in the pick guide but not charted in the feature
+# table (their cells are not read yet): MLX LM on Apple silicon, LMDeploy on NVIDIA GPUs.
+ALSO_PICKED: tuple[Framework, ...] = (
+    Framework(
+        "MLX LM",
+        "a Python package on Apple's MLX array framework",
+        "Generates text with and fine-tunes LLMs on Apple silicon: models from the Hugging Face Hub, "
+        "quantized (and uploaded) by one command, LoRA and full fine-tuning of quantized models, "
+        "distributed inference over several Macs with mx.distributed.",
+        "A Mac with Apple silicon, the unified memory holding the whole model; the MLX community's "
+        "converted 4- and 8-bit models.",
+        ("mlx_lm_readme",),
+    ),
+    Framework(
+        "LMDeploy",
+        "a toolkit for compressing, deploying and serving LLMs and VLMs",
+        "Two engines, TurboMind (CUDA, built from NVIDIA's FasterTransformer) and a PyTorch engine; "
+        "persistent (continuous) batching, a blocked (paged) KV cache, dynamic split-and-fuse "
+        "(chunked prefill), tensor parallelism, weight-only (AWQ, 4-bit) and K/V quantization, "
+        "prefill/decode disaggregation.",
+        "NVIDIA GPUs serving the model families its TurboMind kernels target (InternLM, Qwen, Llama "
+        "and vision-language models), and 4-bit AWQ serving.",
+        ("lmdeploy_docs",),
     ),
 )
 

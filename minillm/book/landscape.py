@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from minillm.measure.metrics import cost_per_million_tokens
 from minillm.measure.report import PAGE_WIDTH, format_table, wrap_line
 
-from .frameworks import FEATURES, FRAMEWORKS, NOT_DOCUMENTED, SUPPORT
+from .frameworks import ALSO_PICKED, FEATURES, FRAMEWORKS, NOT_DOCUMENTED, SUPPORT
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ BATCH_APIS: tuple[BatchApi, ...] = (
 
 def cited_keys() -> set[str]:
     """Every bibliography key this module cites."""
-    keys = {k for fw in FRAMEWORKS for k in fw.cites}
+    keys = {k for fw in FRAMEWORKS + ALSO_PICKED for k in fw.cites}
     keys |= {k for cell in SUPPORT.values() for k in cell.cites}
     return keys | {k for api in BATCH_APIS for k in api.cites}
 
@@ -143,10 +143,11 @@ def landscape_markdown() -> str:
 
 
 def pick_guide_markdown() -> str:
-    """One line per framework: what it is, its status, and when to pick it, with citations."""
+    """One line per framework (the charted six, then MLX LM and LMDeploy): what it is, its status,
+    and when to pick it, with citations."""
     return "\n".join(
         f"- **{fw.name}**, {fw.kind}. {fw.summary} *When to pick it:* {fw.pick_when}{_cite(fw.cites)}"
-        for fw in FRAMEWORKS
+        for fw in FRAMEWORKS + ALSO_PICKED
     )
 
 
