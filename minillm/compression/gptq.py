@@ -26,6 +26,7 @@ first column of the group comes up. With H = identity nothing is compensated and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,19 @@ from torch import Tensor, nn
 from ..core.model import Transformer
 from .calibration import HessianAccumulator, LayerWalk, check_positive_int, options_from
 from .quant import QuantizedLinear, QuantSpec, int4_codes, int4_group_params, padded_groups, replace_module
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What GPTQ rounds onto: ``params(groups (N, g)) -> scale (N,), zero (N,)`` from a group's
+    current weights, and ``codes(w, scale, zero)``, the codes of weights given them (broadcast),
+    such that w ~ (codes - zero) * scale."""
+
+    params: Callable[[Tensor], tuple[Tensor, Tensor]]
+    codes: Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+INT4_GRID = Grid(int4_group_params, int4_codes)  # the stored format: fp16 scales, codes 0..15
 
 
 @dataclass(frozen=True)
@@ -73,12 +87,35 @@ def inverse_hessian_factor(hessian: Tensor, damp: float, size: int | None = None
 
 
 def gptq_quantize_weight(
-    weight: Tensor, hessian: Tensor, group_size: int, block_size: int = 128, damp: float = 0.01
+    weight: Tensor,
+    hessian: Tensor,
+    group_size: int,
+    block_size: int = 128,
+    damp: float = 0.01,
+    grid: Grid = INT4_GRID,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """GPTQ for one weight (N, K) with the Hessian (K, K) of its inputs: codes uint8 (N, G * g)
     in 0..15, scales fp16 (N, G), zeros uint8 (N, G), w ~ (codes - zero) * scale, as RTN's
     ``quantize_int4``. K need not be a multiple of ``group_size``: the last group is padded with
-    zero weights (and an identity Hessian there), which round to exactly 0."""
+    zero weights (and an identity Hessian there), which round to exactly 0.
+
+    ``grid`` (``Grid``: a group's scale and zero point, and the codes of weights given them) is
+    the stored int4 format by default; ``simulated.gptq_round`` passes the b-bit rule of
+    ``simulated.rtn_nbit`` to measure GPTQ at 3 and 2 bits."""
+    codes, scales, zeros = gptq_round_weight(weight, hessian, group_size, block_size, damp, grid)
+    return codes.to(torch.uint8), scales.half(), zeros.to(torch.uint8)
+
+
+def gptq_round_weight(
+    weight: Tensor,
+    hessian: Tensor,
+    group_size: int,
+    block_size: int = 128,
+    damp: float = 0.01,
+    grid: Grid = INT4_GRID,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``gptq_quantize_weight`` in fp32: codes (N, G * g), scales (N, G), zeros (N, G), as the
+    grid computed them (for int4 the scales are fp16 values already)."""
     spec = QuantSpec("int4", group_size)  # validates the group size
     GPTQOptions(block_size=block_size, damp=damp)  # validates block_size and damp
     n, k = weight.shape
@@ -98,11 +135,13 @@ def gptq_quantize_weight(
     zeros = torch.empty_like(scales)
     for i1 in range(0, k_padded, block):
         i2 = min(i1 + block, k_padded)
-        quantize_block(w, u, i1, i2, g, codes, scales, zeros)
-    return codes.to(torch.uint8), scales.half(), zeros.to(torch.uint8)
+        quantize_block(w, u, i1, i2, g, codes, scales, zeros, grid)
+    return codes, scales, zeros
 
 
-def quantize_block(w: Tensor, u: Tensor, i1: int, i2: int, g: int, codes: Tensor, scales: Tensor, zeros: Tensor):
+def quantize_block(
+    w: Tensor, u: Tensor, i1: int, i2: int, g: int, codes: Tensor, scales: Tensor, zeros: Tensor, grid: Grid = INT4_GRID
+):
     """Columns i1:i2 of w (N, K'), one by one with error feedback inside the block,
     then the lazy update of the columns after it.
 
@@ -113,9 +152,9 @@ def quantize_block(w: Tensor, u: Tensor, i1: int, i2: int, g: int, codes: Tensor
     for j in range(i2 - i1):
         col = i1 + j
         if col % g == 0:  # a new group: its range from its current (updated) weights
-            scale, zero = int4_group_params(w1[:, j : j + g])  # (N,), (N,)
+            scale, zero = grid.params(w1[:, j : j + g])  # (N,), (N,)
             scales[:, col // g], zeros[:, col // g] = scale, zero
-        q = int4_codes(w1[:, j], scale, zero)  # (N,)
+        q = grid.codes(w1[:, j], scale, zero)  # (N,)
         codes[:, col] = q
         err[:, j] = (w1[:, j] - (q - zero) * scale) / u1[j, j]
         w1[:, j + 1 :] -= err[:, j, None] * u1[j, j + 1 :][None]
@@ -131,8 +170,6 @@ def _int4_linear(linear: nn.Linear, spec: QuantSpec, codes: Tensor, scales: Tens
 
 
 def _quantize_linear(model: nn.Module, name: str, stats: HessianAccumulator, spec: QuantSpec, opts: GPTQOptions):
-    if stats.rows == 0:
-        raise ValueError(f"{name} read no input during calibration: GPTQ has no Hessian for it")
     linear = model.get_submodule(name)
     int4 = gptq_quantize_weight(linear.weight, stats.hessian, spec.group_size, opts.block_size, opts.damp)
     replace_module(model, name, _int4_linear(linear, spec, *int4))
@@ -140,25 +177,47 @@ def _quantize_linear(model: nn.Module, name: str, stats: HessianAccumulator, spe
 
 @torch.no_grad()
 def gptq_quantize(model: Transformer, spec: QuantSpec, calibration: Tensor, targets: dict, **options) -> Transformer:
-    """GPTQ every target linear of ``model`` in place, block by block: the calibration batches
-    (n, T) run through the blocks already quantized, the Hessians of one block's linears are
-    collected, its linears are quantized and replaced, then the next block. With
-    ``true_sequential`` each linear of a block sees the quantized outputs of those before it
-    (qkv, then o_proj, then gate_up, then down). The LM head (a tied one reads the final norm)
-    comes last. ``options``: the fields of ``GPTQOptions``."""
+    """GPTQ every target linear of ``model`` in place (``gptq_walk``), each replaced by a
+    ``QuantizedLinear`` holding its int4 codes. ``options``: the fields of ``GPTQOptions``."""
     opts = GPTQOptions.from_options(options)
     if spec.scheme != "int4":
         raise ValueError(f"GPTQ is implemented for int4, got {spec.scheme!r}")
+
+    def process(name: str, stats: HessianAccumulator) -> None:
+        _quantize_linear(model, name, stats, spec, opts)
+
+    return gptq_walk(model, calibration, targets, opts, process)
+
+
+def gptq_walk(
+    model: Transformer,
+    calibration: Tensor,
+    targets: dict,
+    opts: GPTQOptions,
+    process: Callable[[str, HessianAccumulator], None],
+) -> Transformer:
+    """Block by block: the calibration batches (n, T) run through the blocks already processed,
+    the Hessians of one block's linears are collected, ``process(name, stats)`` rounds (or
+    prunes, ``sparsegpt``) and replaces each, then the next block. With ``true_sequential``
+    each linear of a block sees the processed outputs of those before it (qkv, then o_proj, then
+    gate_up, then down). The LM head (a tied one reads the final norm) comes last."""
     walk = LayerWalk(model, calibration, opts.batch_size)
     for _, run, names in walk.blocks(targets):
         if opts.true_sequential:
-            for name in walk.call_order(run, names):
-                _quantize_linear(model, name, walk.statistics(run, [name])[name], spec, opts)
-            missing = [n for n in names if not isinstance(model.get_submodule(n), QuantizedLinear)]
+            order = walk.call_order(run, names)
+            missing = [n for n in names if n not in order]
             if missing:
                 raise ValueError(f"{missing} read no input during calibration: GPTQ has no Hessian for them")
+            for name in order:
+                process(name, _read(walk.statistics(run, [name])[name], name))
         else:
             stats = walk.statistics(run, names)
             for name in names:
-                _quantize_linear(model, name, stats[name], spec, opts)
+                process(name, _read(stats[name], name))
     return model
+
+
+def _read(stats: HessianAccumulator, name: str) -> HessianAccumulator:
+    if stats.rows == 0:
+        raise ValueError(f"{name} read no input during calibration: there is no Hessian for it")
+    return stats

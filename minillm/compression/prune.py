@@ -15,6 +15,9 @@ weight. Which weights go is decided by a score, compared within each output row:
   outputs of the blocks already pruned; here every layer's input norms are collected from the
   unpruned model in one pass, which is simpler (on the bundled target at 50% the two came within
   0.3% in perplexity).
+- ``sparsegpt``: the same Hessian as GPTQ's, the score (w_ij / U_jj)^2, and the remaining
+  weights of each row updated to make up for the ones dropped (``sparsegpt.py``; Frantar &
+  Alistarh, 2023), Wanda's baseline: Wanda's score is its diagonal, without the update.
 
 Two patterns: ``unstructured`` drops the ``sparsity`` fraction of lowest-scored weights in every
 row; ``2:4`` keeps the 2 best of every 4 consecutive input weights (50%), the pattern NVIDIA's
@@ -34,8 +37,10 @@ from torch import Tensor, nn
 
 from .calibration import capture_inputs
 from .quant import linear_layers, quantized_layers
+from .sparsegpt import sparsegpt_prune
 
-METHODS = ("magnitude", "wanda")
+METHODS = ("magnitude", "wanda", "sparsegpt")
+CALIBRATED = ("wanda", "sparsegpt")
 PATTERNS = ("unstructured", "2:4")
 
 
@@ -106,22 +111,27 @@ def prune(
     pattern: str = "unstructured",
     calibration: Tensor | None = None,
     skip: Iterable[str] = ("lm_head",),
+    **options,
 ) -> nn.Module:
     """Zero the least important weights of every ``nn.Linear`` in place; returns the model.
 
-    ``method`` "magnitude" | "wanda" (needs ``calibration``: token ids (n, T) from the training
-    split); ``pattern`` "unstructured" (``sparsity`` of each row dropped) | "2:4" (sparsity 0.5,
-    in_features a multiple of 4). ``skip`` names layers kept dense: by default the LM head, which
-    the bundled models tie to the embedding (pruning it would prune the embedding too). The
-    settings are recorded in ``model.pruning``.
+    ``method`` "magnitude" | "wanda" | "sparsegpt" (the last two need ``calibration``: token
+    ids (n, T) from the training split; SparseGPT also updates the weights it keeps and takes
+    ``options``, the fields of ``gptq.GPTQOptions``); ``pattern`` "unstructured" (``sparsity``
+    of each row dropped; SparseGPT's mask is chosen per block of columns over all its rows, so
+    rows may differ) | "2:4" (sparsity 0.5, in_features a multiple of 4). ``skip`` names
+    layers kept dense: by default the LM head, which the bundled models tie to the embedding
+    (pruning it would prune the embedding too). The settings are recorded in ``model.pruning``.
     """
     if method not in METHODS:
         raise ValueError(f"unknown pruning method {method!r}: choose one of {METHODS}")
     if pattern not in PATTERNS:
         raise ValueError(f"unknown sparsity pattern {pattern!r}: choose one of {PATTERNS}")
     _check_sparsity(sparsity, pattern)
-    if method == "wanda" and calibration is None:
-        raise ValueError("method 'wanda' needs calibration data: token ids (n, T) from the training split")
+    if method in CALIBRATED and calibration is None:
+        raise ValueError(f"method {method!r} needs calibration data: token ids (n, T) from the training split")
+    if options and method != "sparsegpt":
+        raise ValueError(f"options {sorted(options)} are SparseGPT's; method {method!r} takes none")
     _check_prunable(model, "prune")
     skip = tuple(skip)
     targets = linear_layers(model, skip)
@@ -131,13 +141,11 @@ def prune(
         for name, linear in targets.items():
             if linear.in_features % 4:
                 raise ValueError(f"2:4 sparsity needs in_features divisible by 4; {name} has {linear.in_features}")
-    norms = _input_norms(model, calibration, targets) if method == "wanda" else {}
-    with torch.no_grad():
-        for name, linear in targets.items():
-            score = pruning_scores(linear.weight, norms.get(name))  # (N, K)
-            keep = two_four_mask(score) if pattern == "2:4" else unstructured_mask(score, sparsity)
-            linear.weight.masked_fill_(~keep.to(linear.weight.device), 0)
     sparsity = 0.5 if pattern == "2:4" else float(sparsity)
+    if method == "sparsegpt":
+        sparsegpt_prune(model, calibration, sparsity, pattern, targets, **options)
+    else:
+        _prune_by_score(model, targets, pattern, sparsity, calibration if method == "wanda" else None)
     model.pruning = {
         **getattr(model, "pruning", {}),
         "method": method,
@@ -146,6 +154,18 @@ def prune(
         "skip": list(skip),
     }
     return model
+
+
+def _prune_by_score(
+    model: nn.Module, targets: dict[str, nn.Linear], pattern: str, sparsity: float, calibration: Tensor | None
+) -> None:
+    """Magnitude (no ``calibration``) or Wanda pruning of the targets, in place."""
+    norms = _input_norms(model, calibration, targets) if calibration is not None else {}
+    with torch.no_grad():
+        for name, linear in targets.items():
+            score = pruning_scores(linear.weight, norms.get(name))  # (N, K)
+            keep = two_four_mask(score) if pattern == "2:4" else unstructured_mask(score, sparsity)
+            linear.weight.masked_fill_(~keep.to(linear.weight.device), 0)
 
 
 def layer_sparsity(model: nn.Module, skip: Iterable[str] = ("lm_head",)) -> dict[str, float]:

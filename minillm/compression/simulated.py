@@ -6,6 +6,8 @@ computes in floating point exactly what the format would give; its speed is anot
 
 - ``rtn_nbit``: asymmetric b-bit codes per group, int2 and int3 as well as int4: the rule of
   ``quant.int4_group_params`` with 2^b - 1 steps;
+- ``gptq_round``: GPTQ's error feedback (``gptq``) onto the same b-bit grid, where the notes'
+  claim that calibration keeps 3 bits usable is tested;
 - ``nf4``: QLoRA's 4-bit NormalFloat (Dettmers et al., 2023): 16 levels at quantiles of a
   standard normal, each block of 64 weights scaled by its largest magnitude;
 - ``w8a8``: int8 weights per output channel and int8 activations per token (each row of x
@@ -29,6 +31,7 @@ from torch import Tensor, nn
 from ..core.model import Transformer
 from .awq import can_fold, fold_scale, kv_groups
 from .calibration import capture_inputs
+from .gptq import GPTQOptions, Grid, gptq_round_weight, gptq_walk
 from .quant import dequantize_int8, linear_layers, padded_groups, quantize_int8
 
 NF4_BLOCK = 64  # weights per absmax scale, QLoRA's default
@@ -39,20 +42,62 @@ def check_bits(bits: int) -> None:
         raise ValueError(f"bits must be an integer from 2 to 8, got {bits!r}")
 
 
+def nbit_group_params(groups: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """Scale and zero point (...,), (...,) of each group (..., g) for ``bits``-bit asymmetric
+    codes: the group's range, widened to include 0, cut into 2^bits - 1 steps (an fp32 scale);
+    the zero point is the code of 0."""
+    levels = 2**bits - 1
+    lo = groups.amin(dim=-1).clamp(max=0).float()
+    hi = groups.amax(dim=-1).clamp(min=0).float()
+    scale = ((hi - lo) / levels).clamp(min=1e-8)
+    return scale, torch.round(-lo / scale).clamp(0, levels)
+
+
+def nbit_codes(w: Tensor, scale: Tensor, zero: Tensor, bits: int) -> Tensor:
+    """The codes 0..2^bits - 1 of w given the scale and zero point that apply to it (broadcast)."""
+    return (torch.round(w.float() / scale) + zero).clamp(0, 2**bits - 1)
+
+
+def nbit_grid(bits: int) -> Grid:
+    """``rtn_nbit``'s rule as the grid GPTQ rounds onto (``gptq.Grid``)."""
+    check_bits(bits)
+    return Grid(lambda groups: nbit_group_params(groups, bits), lambda w, s, z: nbit_codes(w, s, z, bits))
+
+
 def rtn_nbit(w: Tensor, bits: int, group_size: int) -> Tensor:
     """Round to nearest with ``bits``-bit asymmetric codes per group of ``group_size`` inputs:
-    w (N, K) -> the dequantized weights (N, K), fp32. The group's range, widened to include 0,
-    is cut into 2^bits - 1 steps; the zero point is the code of 0."""
+    w (N, K) -> the dequantized weights (N, K), fp32 (``nbit_group_params``, ``nbit_codes``)."""
     check_bits(bits)
-    levels = 2**bits - 1
-    n, k = w.shape
+    k = w.shape[1]
     groups = padded_groups(w.float(), group_size)  # (N, G, g)
-    lo = groups.amin(dim=-1, keepdim=True).clamp(max=0)
-    hi = groups.amax(dim=-1, keepdim=True).clamp(min=0)
-    scale = ((hi - lo) / levels).clamp(min=1e-8)
-    zero = torch.round(-lo / scale).clamp(0, levels)
-    codes = (torch.round(groups / scale) + zero).clamp(0, levels)
-    return ((codes - zero) * scale).flatten(1)[:, :k]
+    scale, zero = nbit_group_params(groups, bits)  # (N, G) each
+    codes = nbit_codes(groups, scale[..., None], zero[..., None], bits)  # (N, G, g)
+    return ((codes - zero[..., None]) * scale[..., None]).flatten(1)[:, :k]
+
+
+@torch.no_grad()
+def gptq_round(
+    model: Transformer, bits: int, group_size: int, calibration: Tensor, skip: tuple[str, ...] = (), **options
+) -> Transformer:
+    """GPTQ at ``bits`` bits, simulated, in place: every nn.Linear (but ``skip``) is rounded by
+    GPTQ's error feedback onto ``rtn_nbit``'s grid, block by block on ``calibration`` (token ids
+    (n, T)) as ``gptq.gptq_quantize`` walks, and its weight replaced by the dequantized values
+    (a tied head is untied, as ``round_weights`` does). With an identity Hessian it is
+    ``rtn_nbit``. ``options``: the fields of ``gptq.GPTQOptions``. Returns the model."""
+    grid = nbit_grid(bits)
+    opts = GPTQOptions.from_options(options)
+    embedding = getattr(model, "embed_tokens", None)
+
+    def process(name: str, stats) -> None:
+        linear = model.get_submodule(name)
+        codes, scales, zeros = gptq_round_weight(
+            linear.weight, stats.hessian, group_size, opts.block_size, opts.damp, grid
+        )  # (N, G * g), (N, G), (N, G)
+        groups = codes.view(codes.shape[0], -1, group_size)  # (N, G, g)
+        dequantized = (groups - zeros[..., None]) * scales[..., None]
+        _set_weight(linear, embedding, dequantized.flatten(1)[:, : linear.in_features])
+
+    return gptq_walk(model, calibration, linear_layers(model, skip), opts, process)
 
 
 def nf4_levels() -> Tensor:
@@ -95,12 +140,18 @@ def round_weights(model: nn.Module, rounding: Callable[[Tensor], Tensor], skip: 
     the lookup keeps its original table. Returns the model."""
     embedding = getattr(model, "embed_tokens", None)
     for linear in linear_layers(model, skip).values():
-        rounded = rounding(linear.weight.detach()).to(linear.weight.dtype)
-        if embedding is not None and linear.weight is embedding.weight:
-            linear.weight = nn.Parameter(rounded)  # untie: the lookup keeps the table
-        else:
-            linear.weight.copy_(rounded)
+        _set_weight(linear, embedding, rounding(linear.weight.detach()))
     return model
+
+
+def _set_weight(linear: nn.Linear, embedding: nn.Module | None, rounded: Tensor) -> None:
+    """The linear's weight replaced by ``rounded`` (in its dtype); a head tied to the embedding is
+    untied first, so the lookup keeps its original table."""
+    rounded = rounded.to(linear.weight.dtype)
+    if embedding is not None and linear.weight is embedding.weight:
+        linear.weight = nn.Parameter(rounded, requires_grad=linear.weight.requires_grad)
+    else:
+        linear.weight.data.copy_(rounded)
 
 
 def quantize_rows_int8(x: Tensor) -> Tensor:
@@ -165,6 +216,10 @@ def smoothed_w8a8(model: Transformer, calibration: Tensor, alpha: float = 0.5) -
 
 
 __all__ = [
+    "gptq_round",
+    "nbit_codes",
+    "nbit_group_params",
+    "nbit_grid",
     "nf4",
     "nf4_bits_per_weight",
     "nf4_levels",

@@ -1,6 +1,8 @@
 """Pruning: the masks are exact (per row, 2:4), Wanda's score is what the paper says and beats
 magnitude where activations have outlier features, structured pruning equals zeroing the dropped
-heads and neurons and shrinks the parameter count exactly, a short fine-tune recovers."""
+heads and neurons and shrinks the parameter count exactly, a short fine-tune recovers. SparseGPT
+is magnitude pruning per block with an identity Hessian, and below Wanda's layer output error on
+correlated inputs, at its exact pattern."""
 
 from __future__ import annotations
 
@@ -17,10 +19,14 @@ from minillm.compression.prune import (
     is_two_four,
     layer_sparsity,
     prune,
+    pruning_scores,
     semi_structured,
     sparsity_of,
+    two_four_mask,
+    unstructured_mask,
 )
 from minillm.compression.quant import linear_layers
+from minillm.compression.sparsegpt import sparsegpt_prune_weight
 from minillm.compression.structured import (
     prune_heads,
     prune_neurons,
@@ -331,3 +337,59 @@ def test_recover_keeps_the_zeros_of_prune():
 def test_recover_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         recover(tiny_model(), torch.randint(0, 97, (400,)), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# SparseGPT
+
+
+def correlated_inputs(k: int, rows: int = 512, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    mix = torch.randn(k, k, generator=gen) / k**0.5 + torch.eye(k)
+    return torch.randn(rows, k, generator=gen) @ mix
+
+
+def test_sparsegpt_with_an_identity_hessian_is_magnitude_pruning_per_block():
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    pruned = sparsegpt_prune_weight(w, torch.eye(64), 0.5, block_size=32, damp=0.0)
+    for block in range(2):  # no update: the kept weights unchanged, the block's lowest half dropped
+        cols = slice(32 * block, 32 * (block + 1))
+        kept, dense = pruned[:, cols] != 0, w[:, cols].abs()
+        assert kept.sum() == 128
+        assert dense[kept].min() >= dense[~kept].max()
+        assert torch.equal(pruned[:, cols][kept], w[:, cols][kept])
+
+
+@pytest.mark.parametrize("pattern", ["unstructured", "2:4"])
+def test_sparsegpt_cuts_the_layer_output_error_of_magnitude_and_wanda(pattern):
+    x = correlated_inputs(64)
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    pruned = sparsegpt_prune_weight(w, 2 / len(x) * x.T @ x, 0.5, pattern, block_size=32)
+    norm = x.pow(2).sum(0).sqrt()
+    score = pruning_scores(w, norm)
+    wanda = w * (two_four_mask(score) if pattern == "2:4" else unstructured_mask(score, 0.5))
+    error = {name: (x @ (v - w).T).pow(2).mean() for name, v in (("sparsegpt", pruned), ("wanda", wanda))}
+    assert error["sparsegpt"] < 0.8 * error["wanda"]
+    if pattern == "2:4":
+        assert is_two_four(pruned)
+    else:
+        assert (pruned == 0).sum() == w.numel() // 2
+
+
+def test_sparsegpt_prunes_a_model_to_its_pattern_and_records_it():
+    model, calibration = tiny_model(), random_calibration()
+    unstructured = prune(copy.deepcopy(model), "sparsegpt", 0.5, calibration=calibration, block_size=32)
+    assert sparsity_of(unstructured) == pytest.approx(0.5, abs=1e-3)
+    assert unstructured.pruning["method"] == "sparsegpt"
+    two_four = prune(copy.deepcopy(model), "sparsegpt", None, "2:4", calibration=calibration)
+    assert all(is_two_four(w) for w in pruned_rows(two_four).values())
+    assert torch.equal(two_four.embed_tokens.weight, model.embed_tokens.weight)  # the head skipped
+    # the kept weights moved: the update made up for the dropped ones
+    dense = pruned_rows(model)
+    assert any(not torch.equal(w[w != 0], dense[n][w != 0]) for n, w in pruned_rows(two_four).items())
+    with pytest.raises(ValueError, match="calibration"):
+        prune(copy.deepcopy(model), "sparsegpt", 0.5)
+    with pytest.raises(ValueError, match="unknown GPTQ option"):
+        prune(copy.deepcopy(model), "sparsegpt", 0.5, calibration=calibration, blocks=4)
+    with pytest.raises(ValueError, match="SparseGPT's"):
+        prune(copy.deepcopy(model), "magnitude", 0.5, block_size=32)

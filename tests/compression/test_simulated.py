@@ -2,14 +2,19 @@
 group and uses at most 2^b codes; NF4's levels are QLoRA's; rounding the weights unties a tied
 head and leaves the embedding lookup alone; W8A8 rounds each token's activations within half
 its step; SmoothQuant's fold keeps the model's function and, on a model with outlier features,
-brings W8A8's logits far closer to the original's."""
+brings W8A8's logits far closer to the original's. GPTQ onto the b-bit grid is RTN with an
+identity Hessian, cuts a layer's output error on correlated inputs below RTN's, and leaves every
+group on at most 2^b values."""
 
 import copy
 
 import pytest
 import torch
 
+from minillm.compression.gptq import gptq_round_weight
 from minillm.compression.simulated import (
+    gptq_round,
+    nbit_grid,
     nf4,
     nf4_bits_per_weight,
     nf4_levels,
@@ -111,3 +116,56 @@ def test_smoothing_scales_balance_activation_and_weight_ranges():
     assert s[0].item() == pytest.approx((4.0**0.5) / (2.0**0.5)) and s[1] == 1  # a dead channel keeps 1
     with pytest.raises(ValueError, match="alpha"):
         smoothing_scales(w, torch.ones(2), alpha=1.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPTQ onto the b-bit grid
+
+
+def correlated_inputs(k: int, rows: int = 512, seed: int = 0) -> torch.Tensor:
+    """Inputs (rows, K) whose channels correlate: what GPTQ's and SparseGPT's updates exploit."""
+    gen = torch.Generator().manual_seed(seed)
+    mix = torch.randn(k, k, generator=gen) / k**0.5 + torch.eye(k)
+    return torch.randn(rows, k, generator=gen) @ mix
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_gptq_with_an_identity_hessian_is_rtn_nbit(bits):
+    w = torch.randn(6, 64, generator=torch.Generator().manual_seed(bits))
+    codes, scales, zeros = gptq_round_weight(w, torch.eye(64), 16, damp=0.0, grid=nbit_grid(bits))
+    gptq = ((codes.view(6, 4, 16) - zeros[..., None]) * scales[..., None]).flatten(1)
+    torch.testing.assert_close(gptq, rtn_nbit(w, bits, 16))
+    assert codes.max() <= 2**bits - 1 and codes.min() >= 0
+
+
+@pytest.mark.parametrize("bits", [2, 3])
+def test_gptq_nbit_cuts_the_layer_output_error_of_rtn(bits):
+    x = correlated_inputs(64)
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    hessian = 2 / len(x) * x.T @ x
+    codes, scales, zeros = gptq_round_weight(w, hessian, 16, grid=nbit_grid(bits))
+    gptq = ((codes.view(16, 4, 16) - zeros[..., None]) * scales[..., None]).flatten(1)
+    gptq_error = (x @ (gptq - w).T).pow(2).mean()
+    rtn_error = (x @ (rtn_nbit(w, bits, 16) - w).T).pow(2).mean()
+    assert gptq_error < 0.8 * rtn_error
+    assert all(len(g.unique()) <= 2**bits for g in gptq.view(16, 4, 16).flatten(0, 1))
+
+
+def test_gptq_round_rounds_every_linear_onto_its_grid_and_unties_the_head():
+    model = random_model(tiny_config(), seed=0)
+    table = model.embed_tokens.weight.detach().clone()
+    calibration = torch.randint(0, 97, (4, 32), generator=torch.Generator().manual_seed(2))
+    rounded = gptq_round(copy.deepcopy(model), 3, 16, calibration)
+    for name, linear in rounded.named_modules():
+        if isinstance(linear, torch.nn.Linear):
+            groups = linear.weight.detach().view(linear.out_features, -1, 16).flatten(0, 1)
+            assert all(len(g.unique()) <= 8 for g in groups), name
+    assert torch.equal(rounded.embed_tokens.weight, table)  # the lookup keeps its table
+    assert rounded.lm_head.weight is not rounded.embed_tokens.weight
+    ids = calibration[:1]
+    with torch.no_grad():
+        assert (rounded(ids) - model(ids)).abs().max() > 0
+    with pytest.raises(ValueError, match="bits"):
+        gptq_round(copy.deepcopy(model), 1, 16, calibration)
+    with pytest.raises(ValueError, match="unknown GPTQ option"):
+        gptq_round(copy.deepcopy(model), 3, 16, calibration, blocks=4)
