@@ -18,10 +18,20 @@ ids, and not renormalized over them: the loss is then a true KL between the trun
 and the student, >= 0, and still pushes down whatever mass the student puts outside the k
 tokens (renormalizing the student too would make that mass free). With k = V it is the full loss.
 
+Kim and Rush (2016), "Sequence-Level Knowledge Distillation", distil at the level of whole
+sequences instead: the teacher *writes* text, and the student learns it with plain next-token
+cross-entropy. Sampled at temperature 1, the teacher's text is drawn from its own distribution p,
+so the student's expected loss on it, E_{y~p}[-log q(y)] = H(p) + KL(p || q), is the forward KL
+again, estimated from one sampled token per position instead of read off all V logits; and the
+text is generated once, so it costs no teacher forward per training step and serves any number of
+epochs.
+
 Here: the loss, ``DistillConfig``, the training loop ``distill`` (the optimizer, schedule and
 data order of ``training.train.fit``), ``kl_to_teacher`` to measure a student against its
 teacher on held-out text, and ``distill_bundled``, which distils minillm-target into a student of
-minillm-draft's shape (``minillm-draft-distilled``).
+minillm-draft's shape (``minillm-draft-distilled``); then sequence-level distillation:
+``TeacherTextConfig`` and ``teacher_corpus`` (the teacher's text), ``sequence_distill`` (training
+on it) and ``sequence_distill_comparison`` (such a student measured as the saved ones were).
 """
 
 from __future__ import annotations
@@ -29,7 +39,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +49,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.checkpoints import BUNDLED_DIR, load, save_pretrained
+from ..core.device import hardware_description
+from ..core.generate import generate
 from ..core.model import Transformer
+from ..training.corpus import corpus_prompts
 from ..training.train import (
     BUNDLED_SHAPES,
     TrainConfig,
@@ -307,3 +321,274 @@ def draft_figures(draft: Transformer, target: Transformer, valid_ids: Tensor, se
         "kl_to_target": kl_to_teacher(draft, target, valid_ids, seq_len),
         "greedy_agreement": argmax_agreement(draft, target, valid_ids, seq_len),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequence-level distillation (Kim and Rush, 2016): the student learns the teacher's text
+
+
+@dataclass
+class TeacherTextConfig:
+    """What the teacher writes for a sequence-level student: ``n_sequences`` rows, each a window of
+    ``prompt_len`` tokens at a random place of the source text, continued by ``new_tokens`` tokens
+    the teacher samples at ``temperature`` (0: greedy)."""
+
+    n_sequences: int = 4800  # 300 steps x 16 rows: the soft-label run's budget, each row seen once
+    prompt_len: int = 16  # tokens of real text each row starts from; the student is not trained on them
+    new_tokens: int = 113  # the teacher's tokens after each prompt: rows of 129 = seq_len 128 + 1
+    # 1: the teacher's own distribution, so that cross-entropy on its text estimates KL(teacher ||
+    # student); greedy text (0) is one mode per prompt, and a small model's greedy text loops.
+    temperature: float = 1.0
+    seed: int = 0  # of the prompts' places and of the sampling
+    batch_size: int = 128  # rows generated at once, with the KV cache
+
+    def __post_init__(self) -> None:
+        for name in ("n_sequences", "prompt_len", "new_tokens", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
+
+    @property
+    def row_len(self) -> int:
+        return self.prompt_len + self.new_tokens
+
+    @property
+    def teacher_token_forwards(self) -> int:
+        """Token positions the teacher runs: each prompt once (prefill), then one per new token but
+        the last (the last sampled token is never fed back)."""
+        return self.n_sequences * (self.row_len - 1)
+
+
+@torch.no_grad()
+def teacher_corpus(
+    teacher: Transformer, source_ids: Tensor, config: TeacherTextConfig, progress: bool = False
+) -> Tensor:
+    """The teacher's text: (n_sequences, prompt_len + new_tokens) token ids, each row a prompt of
+    ``prompt_len`` tokens of ``source_ids`` (1-D, e.g. the training split) at a random place, then
+    the teacher's continuation of it (``generate`` with the KV cache, ``batch_size`` rows at once,
+    batch i sampled with seed ``config.seed + i``, no stop at EOS). The prompts are kept, so that
+    the student reads what the teacher continued; the same config gives the same rows."""
+    if source_ids.dim() != 1 or len(source_ids) < config.prompt_len:
+        raise ValueError(
+            f"source_ids must be a 1-D stream of at least prompt_len = {config.prompt_len} tokens, "
+            f"got shape {tuple(source_ids.shape)}"
+        )
+    if config.row_len > teacher.config.max_seq_len:
+        raise ValueError(
+            f"prompt_len + new_tokens = {config.row_len} exceeds the teacher's context "
+            f"max_seq_len = {teacher.config.max_seq_len}"
+        )
+    teacher.eval()
+    gen = torch.Generator().manual_seed(config.seed)
+    starts = torch.randint(0, len(source_ids) - config.prompt_len + 1, (config.n_sequences,), generator=gen)
+    prompts = source_ids[starts[:, None] + torch.arange(config.prompt_len)]  # (n, prompt_len)
+    rows = []
+    batches = prompts.split(config.batch_size)
+    for i, batch in enumerate(tqdm(batches, disable=not progress, desc=f"{teacher.config.name} writes", unit="batch")):
+        new = generate(
+            teacher,
+            batch.to(teacher.device),
+            config.new_tokens,
+            config.temperature,
+            seed=config.seed + i,
+            eos_token_id=None,
+        ).tokens  # (b, new_tokens)
+        rows.append(torch.cat([batch, new.to(batch.device)], dim=1))
+    return torch.cat(rows)  # (n, prompt_len + new_tokens)
+
+
+def sequence_targets(rows: Tensor, prompt_len: int) -> tuple[Tensor, Tensor]:
+    """Inputs (n, L - 1) and next-token targets (n, L - 1) of rows (n, L); a target that is still
+    prompt (real text, not the teacher's) is -100, which cross-entropy skips."""
+    x, y = rows[:, :-1], rows[:, 1:].clone()
+    y[:, : max(0, prompt_len - 1)] = -100
+    return x, y
+
+
+def sequence_distill(
+    student: Transformer,
+    config: TrainConfig,
+    rows: Tensor,
+    prompt_len: int = 0,
+    valid_ids: Tensor | None = None,
+    teacher: Transformer | None = None,
+    progress: bool = True,
+) -> dict:
+    """Train ``student`` in place with plain next-token cross-entropy on teacher-written ``rows``
+    (n, seq_len + 1) from ``teacher_corpus``, with ``fit``'s optimizer, schedule and clipping: each
+    step ``batch_size`` rows, in an order (seed ``config.seed``) that goes through all rows before
+    it repeats one. Targets inside the first ``prompt_len`` tokens of a row (real text) are not
+    trained on. The student is left in eval mode. Returns ``distill``'s log: the train loss per
+    step, and every ``eval_every`` steps the validation loss and, given the ``teacher``, the KL
+    to it (T = 1)."""
+    if rows.dim() != 2 or rows.shape[1] != config.seq_len + 1:
+        raise ValueError(
+            f"rows must be (n, seq_len + 1) = (n, {config.seq_len + 1}) token ids, got shape {tuple(rows.shape)}"
+        )
+    if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or not 0 <= prompt_len <= config.seq_len:
+        raise ValueError(f"prompt_len must be an integer in [0, seq_len = {config.seq_len}], got {prompt_len!r}")
+    if rows.min() < 0 or rows.max() >= student.config.vocab_size:
+        raise ValueError(f"rows hold ids outside the student's vocabulary of {student.config.vocab_size} tokens")
+    if teacher is not None:
+        check_pair(teacher, student)
+    inputs, targets = sequence_targets(rows, prompt_len)  # (n, seq_len) each
+    gen = torch.Generator().manual_seed(config.seed)
+    epochs = math.ceil(config.steps * config.batch_size / len(rows))
+    order = torch.cat([torch.randperm(len(rows), generator=gen) for _ in range(epochs)])
+    student.train()
+    opt = adamw(student, config)
+    log: dict = {"train_loss": [], "valid_loss": [], "kl_to_teacher": []}
+    t0 = time.perf_counter()
+    bar = tqdm(range(config.steps), disable=not progress, desc=f"{student.config.name} (teacher's text)", unit="step")
+    for step in bar:
+        idx = order[step * config.batch_size : (step + 1) * config.batch_size]
+        x, y = inputs[idx].to(student.device), targets[idx].to(student.device)
+        loss = F.cross_entropy(student(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+        optimizer_step(student, opt, loss, lr_at(step, config), config)
+        log["train_loss"].append(round(loss.item(), 4))
+        if valid_ids is not None and eval_due(step, config):
+            val = evaluate(student, valid_ids, config.seq_len)
+            log["valid_loss"].append([step + 1, round(val, 4)])
+            if teacher is not None:
+                log["kl_to_teacher"].append(
+                    [step + 1, round(kl_to_teacher(student, teacher, valid_ids, config.seq_len), 4)]
+                )
+            bar.set_postfix(loss=f"{loss.item():.3f}", valid=f"{val:.3f}")
+    log["seconds"] = round(time.perf_counter() - t0, 1)
+    student.eval()
+    return log
+
+
+def speculative_figures(
+    decode: Callable,
+    draft: Transformer,
+    target: Transformer,
+    prompts: Sequence[Sequence[int]],
+    new_tokens: int = 64,
+    k: int = 4,
+) -> dict:
+    """A draft's figures as ``target``'s drafter in greedy speculative decoding, all prompts pooled:
+    new tokens per target forward, and the fraction of the proposals checked that were accepted
+    (``DecodingStats.acceptance_rate``). ``decode`` is ``decoding.speculative.speculative_generate``,
+    passed in because compression sits below decoding in the package's layers."""
+    accepted = checked = new = forwards = 0
+    for prompt in prompts:
+        stats = decode(target, draft, list(prompt), new_tokens, k=k).stats
+        accepted, checked = accepted + sum(stats.accepted), checked + sum(stats.reached)
+        new, forwards = new + stats.new_tokens, forwards + stats.target_forwards
+    return {"tokens_per_target_forward": new / forwards, "acceptance": accepted / checked}
+
+
+SEQUENCE_DISTILLED_NAME = "minillm-draft-seq-distilled"
+BUNDLED_TEACHER_TEXT = TeacherTextConfig()
+SEQUENCE_REPRODUCE = (
+    "MINILLM_THREADS=1 python -c 'from minillm.compression.distill import sequence_distill_comparison as c; "
+    "from minillm.decoding.speculative import speculative_generate as s; "
+    'c(s, "minillm/results/cpu-epyc-2core/distill_sequence.json")\''
+)
+FIGURES = ("valid_ppl", "kl_to_target", "greedy_agreement", "tokens_per_target_forward", "acceptance")
+
+
+def student_figures(decode: Callable, student: Transformer, teacher: Transformer, valid_ids: Tensor, prompts) -> dict:
+    """The figures of the saved comparison in minillm-draft-distilled's training_log.json: on 128-token
+    windows of ``valid_ids``, ``draft_figures``; on ``prompts``, ``speculative_figures`` (K = 4, 64 new tokens)."""
+    figures = {
+        **draft_figures(student, teacher, valid_ids, 128),
+        **speculative_figures(decode, student, teacher, prompts),
+    }
+    return {name: figures[name] for name in FIGURES}
+
+
+def sequence_distill_comparison(
+    decode: Callable,
+    out_path: str | Path | None = None,
+    text: TeacherTextConfig = BUNDLED_TEACHER_TEXT,
+    config: TrainConfig = BUNDLED_DISTILL,
+    progress: bool = True,
+) -> dict:
+    """Sequence-level distillation of minillm-target into minillm-draft's shape, measured as the
+    saved students were: the teacher writes ``text`` from the training split, a student (seed
+    ``config.seed``, as ``distill_bundled`` starts) trains on it for the soft-label run's budget
+    (``config``), and is scored by ``student_figures``; the bundled minillm-draft-distilled is
+    re-measured beside it, as a check that the figures are comparable. ``decode``:
+    ``decoding.speculative.speculative_generate``. Returns the record, written as JSON to
+    ``out_path`` if given."""
+    teacher, tokenizer = load(TEACHER, device="cpu")
+    train_ids, valid_ids = encode_split(tokenizer, "train"), encode_split(tokenizer, "valid")
+    t0 = time.perf_counter()
+    rows = teacher_corpus(teacher, train_ids, text, progress)
+    generation_seconds = time.perf_counter() - t0
+    torch.manual_seed(config.seed)
+    student = Transformer(replace(BUNDLED_SHAPES["draft"], name=SEQUENCE_DISTILLED_NAME)).init_weights(seed=config.seed)
+    log = sequence_distill(student, config, rows, text.prompt_len, valid_ids, teacher, progress)
+    t0 = time.perf_counter()
+    prompts = corpus_prompts(tokenizer, 8, 64)
+    figures = student_figures(decode, student, teacher, valid_ids, prompts)
+    bundled, _ = load(DISTILLED_NAME, device="cpu")
+    saved = json.loads((BUNDLED_DIR / DISTILLED_NAME / "training_log.json").read_text())
+    remeasured = student_figures(decode, bundled, teacher, valid_ids, prompts)
+    measuring_seconds = time.perf_counter() - t0
+    trained = config.steps * config.batch_size * config.seq_len
+    record = {
+        "model": SEQUENCE_DISTILLED_NAME,
+        "teacher": TEACHER,
+        "figures": figures,
+        "settings": {
+            "teacher_text": asdict(text),
+            "teacher_tokens_generated": text.n_sequences * text.new_tokens,
+            "train_config": asdict(config),
+            "steps_x_batch_x_seq_len": [config.steps, config.batch_size, config.seq_len],
+            "student_input_tokens": trained,
+            "student_trained_targets": config.steps
+            * config.batch_size
+            * (config.seq_len - max(0, text.prompt_len - 1)),
+            "epochs_of_teacher_text": trained / (len(rows) * config.seq_len),
+        },
+        "cost": {
+            "teacher_token_forwards_soft_labels": trained,
+            "teacher_token_forwards_sequence_level": text.teacher_token_forwards,
+            "soft_label_training_seconds_saved": saved["seconds"],
+            "hard_label_training_seconds_saved": saved.get("control_seconds"),
+            "note": "Soft labels run the teacher over every training token, at every step and again in every "
+            "epoch (one forward of 16 x 128 tokens per step). Sequence-level distillation runs it once, to "
+            "write the text (a prefill of each prompt, then one token per step of generation with the KV "
+            "cache), and the text then serves any number of epochs; training itself is the hard-label cost.",
+        },
+        "seconds": {
+            "generation": round(generation_seconds, 1),
+            "training": log["seconds"],
+            "measuring": round(measuring_seconds, 1),
+        },
+        "check": {
+            "bundled minillm-draft-distilled, re-measured": remeasured,
+            "saved": saved["comparison"]["models"][DISTILLED_NAME],
+        },
+        "log": {k: v for k, v in log.items() if k != "seconds"},
+        "hardware": hardware_description(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "reproduce": SEQUENCE_REPRODUCE,
+        "how": (
+            f"Sequence-level distillation (Kim and Rush, 2016): minillm-target continued {text.n_sequences} prompts "
+            f"of {text.prompt_len} tokens, each at a random place of the training split (seed {text.seed}), by "
+            f"{text.new_tokens} tokens sampled at temperature {text.temperature:g} (`teacher_corpus`); a student of "
+            f"minillm-draft's shape, from the same initial weights (seed {config.seed}) as the soft-label and "
+            f"hard-label students, trained on that text with plain next-token cross-entropy (the prompts' own "
+            f"tokens not trained on), {config.steps} steps x {config.batch_size} x {config.seq_len} tokens with "
+            "`fit`'s AdamW, warmup and cosine decay (`sequence_distill`). Figures as in minillm-draft-distilled's "
+            "training_log.json comparison: on the validation split, in 128-token windows, perplexity, "
+            "KL(target || draft) in nats/token and greedy next-token agreement; as minillm-target's draft in greedy "
+            "speculative decoding (K = 4, 64 new tokens on each of 8 prompts of 64 tokens from "
+            "`training.corpus.corpus_prompts(tokenizer, 8, 64)`), new tokens per target forward and the fraction "
+            "of the proposals checked that were accepted, all prompts pooled."
+        ),
+    }
+    if out_path is not None:
+        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_path).write_text(json.dumps(record, indent=1) + "\n")
+    return record
