@@ -3,8 +3,9 @@ from the roofline, an estimate): a GPU-sized model (Llama-3-8B on H100s by defau
 against the request rate for colocated, chunked and disaggregated serving (``simulated_goodput``),
 and DistServe's figure of merit, the highest rate that keeps 90% of requests within the SLO per
 GPU, by P:D ratio (``pd_ratio_sweep``) and in the scenarios where disaggregation should win and
-where it should not (``scenario_table``). ``run_figures`` gives the figures of one run, measured
-(``bench.disagg``) or simulated.
+where it should not (``scenario_table``), and every worker's steps over a short window of one
+trace, per mode (``step_timelines``, for the timeline figure). ``run_figures`` gives the figures
+of one run, measured (``bench.disagg``) or simulated.
 
     rows = simulated_goodput(SimulatedSweep(rates=(8.0, 16.0)))
 """
@@ -21,7 +22,7 @@ from ..core.config import check_field_types, preset
 from ..measure.links import LINKS, Link
 from ..measure.metrics import SLO, latency_percentiles, throughput
 from ..measure.report import format_table
-from ..serving.cluster import ClusterConfig, roofline_step_cost, simulate_cluster
+from ..serving.cluster import ClusterConfig, ClusterRun, roofline_step_cost, simulate_cluster
 from ..serving.engine import EngineConfig, RequestOutput
 from ..serving.scheduler import SchedulerConfig
 from ..serving.step_cost import StepCost
@@ -115,9 +116,14 @@ class SimulatedSweep:
         return requests_from_trace(trace, preset(self.model).vocab_size, self.seed)
 
 
+def simulate_run(sweep: SimulatedSweep, mode: str, rate: float, prefill: int = 1, decode: int = 1) -> ClusterRun:
+    """One simulated run, whole: its outputs, every worker's step log and every handoff."""
+    return simulate_cluster(preset(sweep.model), sweep.requests(rate), sweep.cluster(mode, prefill, decode))
+
+
 def simulate_mode(sweep: SimulatedSweep, mode: str, rate: float, prefill: int = 1, decode: int = 1) -> dict:
     """One simulated run: the figures of ``run_figures`` plus the handoffs' mean transfer time."""
-    run = simulate_cluster(preset(sweep.model), sweep.requests(rate), sweep.cluster(mode, prefill, decode))
+    run = simulate_run(sweep, mode, rate, prefill, decode)
     figures = run_figures(run.outputs, sweep.slo, rate)
     moved = [t for t in run.transfers if t is not None]
     figures["transfer_ms"] = 1e3 * float(np.mean([t.seconds + t.link_wait for t in moved])) if moved else 0.0
@@ -199,6 +205,104 @@ def budget_sweep(
         rate = max_rate_within_slo(replace(s, token_budget=budget), "chunked", 1, 0, steps=steps)
         rows.append({"token_budget": budget, "chunk_step_ms": 1e3 * cost(0, budget), "max_rate": rate})
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# A window of steps, for the timeline figure (interference drawn as DistServe draws it)
+
+
+def step_rows(run: ClusterRun, window: tuple[float, float] | None = None) -> list[dict]:
+    """Every step of every worker of ``run``, from the engines' step logs (simulated clock, s): its
+    worker (the prefill workers or colocated replicas first, then the decode workers), start,
+    end, prompt tokens, decode rows and the requests it carried; with a ``window`` (start, end),
+    only the steps that overlap it."""
+    rows = []
+    for worker, engine in enumerate(run.engines):
+        for r in engine.step_log:
+            if window is None or (r.end > window[0] and r.start < window[1]):
+                rows.append(
+                    {
+                        "worker": worker,
+                        "start": r.start,
+                        "end": r.end,
+                        "prefill_tokens": r.prefill_tokens,
+                        "decode_rows": r.decode_rows,
+                        "requests": [rid for rid, _ in r.work],
+                    }
+                )
+    return rows
+
+
+def _longest_gap(
+    outputs: Sequence[RequestOutput], window: tuple[float, float], first: bool
+) -> tuple[float, int | None]:
+    """The longest gap (ms) between two tokens of a request, both within ``window``, and its
+    request: the gaps between its first and second tokens (``first``; disaggregated, the K/V
+    handoff is in it) or those between its later tokens, each a decode step's."""
+    gaps = [
+        (1e3 * (b - a), o.request.id)
+        for o in outputs
+        for k, (a, b) in enumerate(zip(o.metrics.token_times, o.metrics.token_times[1:]))
+        if (k == 0) == first and window[0] <= a and b <= window[1]
+    ]
+    return max(gaps, default=(0.0, None))
+
+
+def step_timelines(sweep: SimulatedSweep, rate: float, window: tuple[float, float]) -> dict[str, dict]:
+    """The same arrivals at ``rate`` served three ways on ``sweep.workers`` GPUs, as in
+    ``simulated_goodput`` (colocated replicas; chunked replicas, ``sweep.token_budget`` tokens a
+    step; one prefill worker and the rest decode workers), each cut to ``window`` (start, end; s)
+    by ``window_of``."""
+    if not (len(window) == 2 and 0 <= window[0] < window[1]):
+        raise ValueError(f"window must be (start, end) seconds with 0 <= start < end, got {window!r}")
+    w = sweep.workers
+    modes = {"colocated": ("colocated", w, 0), "chunked": ("chunked", w, 0), f"disagg 1:{w - 1}": ("disagg", 1, w - 1)}
+    runs = {name: simulate_run(sweep, mode, rate, p, d) for name, (mode, p, d) in modes.items()}
+    return {name: window_of(run, window) for name, run in runs.items()}
+
+
+def window_of(run: ClusterRun, window: tuple[float, float]) -> dict:
+    """A run cut to ``window`` (start, end; s), for ``viz.disagg.plot_step_timeline``: the lanes'
+    names (one per worker), the steps (``step_rows``), the handoffs whose K/V are ready within it
+    (the decode worker's lane, sent and ready times), each request's token times within it, the
+    requests decoding from its start to its end (``through``), the longest gap between two later
+    tokens of a request within it (ms; from its second token on, each a decode step's) with its
+    request, and the longest gap between a first token and a second."""
+    front, back = len(run.prefill_engines), len(run.decode_engines)
+    if back:
+        lanes = ["prefill worker"] if front == 1 else [f"prefill worker {i}" for i in range(front)]
+        lanes += ["decode worker"] if back == 1 else [f"decode worker {j}" for j in range(back)]
+    else:
+        lanes = [f"replica {i}" for i in range(front)]
+    tokens = {}
+    for o in run.outputs:
+        if inside := [t for t in o.metrics.token_times if window[0] <= t <= window[1]]:
+            tokens[o.request.id] = inside
+    gap, request = _longest_gap(run.outputs, window, first=False)
+    return {
+        "lanes": lanes,
+        "steps": step_rows(run, window),
+        "handoffs": [
+            {"worker": front + t.decode_worker, "request": t.request_id, "sent": t.sent, "ready": t.ready}
+            for t in run.transfers
+            if t is not None and window[0] <= t.ready <= window[1]
+        ],
+        "tokens": tokens,
+        "through": [
+            o.request.id
+            for o in run.outputs
+            if o.metrics.token_times and o.metrics.token_times[0] < window[0] < window[1] < o.metrics.token_times[-1]
+        ],
+        "longest_gap_ms": gap,
+        "longest_gap_request": request,
+        "longest_first_gap_ms": _longest_gap(run.outputs, window, first=True)[0],
+    }
+
+
+def tracked_request(timelines: Mapping[str, Mapping]) -> int | None:
+    """The first request (lowest id) that decodes through the whole window in every mode, if any."""
+    common = set.intersection(*(set(t["through"]) for t in timelines.values()))
+    return min(common, default=None)
 
 
 SCENARIOS = {  # where disaggregation should win, and where it should not (changes to SimulatedSweep)

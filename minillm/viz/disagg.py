@@ -1,8 +1,9 @@
 """Chapter 14's pictures: a disaggregated deployment drawn as boxes and arrows (prefill and
 decode on separate workers, the prompt's K/V handed from one to the other, as in Splitwise,
 Patel et al., 2024, and DistServe, Zhong et al., 2024) beside a colocated one, the token gaps a
-long prompt causes when both phases share a batch, goodput against the request rate, goodput
-per worker by prefill:decode ratio, and how long the K/V take to cross each link.
+long prompt causes when both phases share a batch, each worker's steps on one timeline,
+goodput against the request rate, goodput per worker by prefill:decode ratio, and how long the
+K/V take to cross each link.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.patches import FancyBboxPatch
+from matplotlib.lines import Line2D
+from matplotlib.patches import FancyBboxPatch, Patch
 
 from ..measure.metrics import percentiles
 from .style import WIDTH_IN, arrow, box, finish, legend_under, require_keys
@@ -23,6 +25,13 @@ SIMULATED_NOTE = "simulated clock (cost model)"
 WIDTH = 6.6  # the drawings' width in inches (= data units): the column
 CLIENTS_X, ROUTER_RIGHT = 0.35, 1.97  # the clients' centre, where the router's arrows start
 LABEL_BOX = {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5}  # keeps a value readable over a line
+STEP_COLORS = {"prefill": "tab:orange", "decode": "tab:blue", "mixed": "tab:purple"}
+STEP_LABELS = {
+    "prefill": "prefill only",
+    "decode": "decode only",
+    "mixed": "prefill + decode in one step\n(a whole prompt or a chunk)",
+}
+STEP_KEYS = ("worker", "start", "end", "prefill_tokens", "decode_rows")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,6 +177,112 @@ def plot_itl_series(runs: Mapping[str, Sequence[tuple[float, float]]], arrivals:
     legend_under(fig, axes[0, 0], ncol=3)  # under the panels: the gaps fill them
     fig.suptitle(title)
     return finish(fig)
+
+
+def _step_kind(step: Mapping) -> str:
+    if step["prefill_tokens"] and step["decode_rows"]:
+        return "mixed"
+    return "prefill" if step["prefill_tokens"] else "decode"
+
+
+def _check_timelines(timelines: Mapping[str, Mapping], window: Sequence[float], tracked: int | None) -> None:
+    if not timelines:
+        raise ValueError("plot_step_timeline: timelines is empty")
+    if not (len(window) == 2 and window[0] < window[1]):
+        raise ValueError(f"plot_step_timeline: window must be (start, end) with start < end, got {window!r}")
+    for mode, t in timelines.items():
+        if not t.get("lanes"):
+            raise ValueError(f"plot_step_timeline: mode {mode!r} has no lanes")
+        require_keys(t.get("steps", []), STEP_KEYS, f"plot_step_timeline: mode {mode!r}'s steps")
+        for step in t["steps"]:
+            if not 0 <= step["worker"] < len(t["lanes"]):
+                raise ValueError(f"plot_step_timeline: mode {mode!r} has a step on worker {step['worker']}, no lane")
+        if tracked is not None and tracked not in t.get("tokens", {}):
+            raise ValueError(f"plot_step_timeline: mode {mode!r} has no tokens of request {tracked}")
+
+
+def _step_lanes(ax, timeline: Mapping, window: Sequence[float]) -> None:
+    """One lane per worker, top to bottom; each step a bar (clipped to the window, ms from its
+    start) in its kind's color, with its prompt tokens written in it where they fit; a handoff a
+    black triangle over its decode worker's lane when its K/V are ready."""
+    lanes, span = timeline["lanes"], 1e3 * (window[1] - window[0])
+    y = {i: len(lanes) - 1 - i for i in range(len(lanes))}
+    inches_per_ms = 5.2 / span  # about the axes' width on the page
+    for step in timeline["steps"]:
+        x0 = 1e3 * (max(step["start"], window[0]) - window[0])
+        x1 = 1e3 * (min(step["end"], window[1]) - window[0])
+        kind = _step_kind(step)
+        ax.barh(y[step["worker"]], x1 - x0, left=x0, height=0.56, color=STEP_COLORS[kind], ec="white", lw=0.6)
+        label = f"{step['prefill_tokens']:,}"
+        if step["prefill_tokens"] and (x1 - x0) * inches_per_ms > 0.06 * len(label) + 0.05:
+            ax.text((x0 + x1) / 2, y[step["worker"]], label, ha="center", va="center", fontsize=7.5, color="white")
+    ready = [(1e3 * (h["ready"] - window[0]), y[h["worker"]] + 0.38) for h in timeline.get("handoffs", [])]
+    if ready:
+        ax.plot(*zip(*ready), "v", color="black", ms=5.5, ls="none")
+    ax.set_yticks(list(y.values()), lanes)
+    ax.set_ylim(-0.5, len(lanes) - 0.35)
+    ax.grid(axis="y", visible=False)
+
+
+def plot_step_timeline(
+    timelines: Mapping[str, Mapping],
+    window: Sequence[float],
+    tracked: int | None = None,
+    title: str = "",
+    measured: bool = False,
+):
+    """Every step of every worker over a short window of the same arrivals, as DistServe draws
+    interference (Zhong et al., 2024): one panel per mode, one lane per worker, each step a bar
+    from its start to its end colored by what it carries (prompt tokens only, decode rows only,
+    or both: a whole prompt or a chunk beside the decodes), the prompt tokens written in the wide
+    ones, and a triangle where a handoff's K/V are ready on the decode side. A decode row waits
+    for the whole step it is in, so a long bar is a long gap for every request decoding on that
+    worker. ``tracked``: a last panel with that request's tokens in each mode, a tick each.
+    A panel's title gives the mode's ``longest_gap_ms``, its longest decode gap (between two
+    tokens of a request after its first).
+
+    ``timelines``: per mode, ``lanes`` (a name per worker), ``steps`` (rows of worker, start, end
+    in s, prefill_tokens, decode_rows), optionally ``handoffs`` (worker, ready) and
+    ``longest_gap_ms`` (in the panel's title) and, for ``tracked``, ``tokens`` (request id: token
+    times in s), as ``bench.disagg_simulated.step_timelines`` gives them."""
+    _check_timelines(timelines, window, tracked)
+    lanes = [len(t["lanes"]) for t in timelines.values()]
+    ratios = lanes + ([0.55 * len(timelines)] if tracked is not None else [])
+    height = 1.9 + 0.62 * sum(ratios) + 0.35 * len(ratios)
+    fig, axes = plt.subplots(
+        len(ratios), 1, figsize=(WIDTH_IN, height), sharex=True, gridspec_kw={"height_ratios": ratios}
+    )
+    axes = np.atleast_1d(axes)
+    for ax, (mode, t) in zip(axes, timelines.items()):
+        _step_lanes(ax, t, window)
+        gap = f": longest decode gap {t['longest_gap_ms']:.1f} ms" if "longest_gap_ms" in t else ""
+        ax.set_title(f"{mode}{gap}", fontsize=10, loc="left")
+    if tracked is not None:
+        _tracked_tokens(axes[-1], timelines, window, tracked)
+    span = 1e3 * (window[1] - window[0])
+    axes[-1].set_xlim(0, span)
+    axes[-1].set_xlabel(f"time after t = {window[0]:g} s (ms)")
+    handles = [Patch(color=STEP_COLORS[k], label=STEP_LABELS[k]) for k in STEP_COLORS]
+    if any(t.get("handoffs") for t in timelines.values()):
+        handles.append(Line2D([], [], marker="v", color="black", ls="none", label="K/V handoff ready to decode"))
+    legend_under(fig, handles=handles, labels=[h.get_label() for h in handles], ncol=2)
+    _suptitle(fig, title, measured)
+    return finish(fig)
+
+
+def _tracked_tokens(ax, timelines: Mapping[str, Mapping], window: Sequence[float], tracked: int) -> None:
+    """One row per mode: a tick at each of the request's tokens, its longest gap in the row's name."""
+    names = []
+    for k, (mode, t) in enumerate(timelines.items()):
+        times = [1e3 * (x - window[0]) for x in t["tokens"][tracked]]
+        row = len(timelines) - 1 - k
+        ax.plot(times, [row] * len(times), "|", color="0.15", ms=11, mew=1.4)
+        longest = max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        names.append((row, f"{mode}\nlongest {longest:.0f} ms"))
+    ax.set_yticks([r for r, _ in names], [n for _, n in names], fontsize=8)
+    ax.set_ylim(-0.6, len(timelines) - 0.4)
+    ax.grid(axis="y", visible=False)
+    ax.set_title(f"request {tracked}'s tokens, one tick each", fontsize=10, loc="left")
 
 
 def plot_goodput_vs_rate(rows: Sequence[Mapping], title: str = "", measured: bool = True):

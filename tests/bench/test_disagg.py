@@ -21,11 +21,18 @@ from minillm.bench.disagg_simulated import (
     format_budgets,
     max_rate_within_slo,
     pd_ratio_sweep,
+    run_figures,
     simulate_mode,
+    simulate_run,
     simulated_goodput,
+    step_rows,
+    step_timelines,
+    tracked_request,
 )
 from minillm.cli.main import main
+from minillm.core.config import preset
 from minillm.measure.metrics import SLO
+from minillm.serving.cluster import simulate_cluster
 
 pytestmark = pytest.mark.slow  # several processes, a compile or a server: make test-fast leaves it out
 
@@ -93,6 +100,53 @@ def test_the_budget_sweep_prices_a_full_chunk_and_searches_each_budget():
     assert rows[0]["max_rate"] == max_rate_within_slo(TINY_SIM, "colocated", 1, 0, steps=2)
     text = format_budgets(rows)
     assert "none (colocated)" in text and max(len(line) for line in text.splitlines()) <= 88
+
+
+@pytest.mark.parametrize("mode, prefill, decode", [("colocated", 2, 0), ("chunked", 2, 0), ("disagg", 1, 1)])
+def test_the_recorded_steps_are_the_runs_own(mode, prefill, decode):
+    """Reading the steps changes no figure; on each worker they follow one another without
+    overlap, and each lasts what the cost model prices it (fused: one forward per step)."""
+    sweep, rate = replace(TINY_SIM, token_budget=384), 32.0
+    before = simulate_mode(sweep, mode, rate, prefill, decode)
+    direct = simulate_cluster(preset(sweep.model), sweep.requests(rate), sweep.cluster(mode, prefill, decode))
+    run = simulate_run(sweep, mode, rate, prefill, decode)
+    rows = step_rows(run)
+    step_timelines(sweep, rate, (0.2, 0.5))
+    assert simulate_mode(sweep, mode, rate, prefill, decode) == before
+    assert run_figures(run.outputs, sweep.slo, rate) == run_figures(direct.outputs, sweep.slo, rate)
+    assert len(rows) == sum(len(e.step_log) for e in direct.engines)
+    cost = sweep.engine(mode == "chunked").step_cost
+    assert cost.fused
+    for worker in range(prefill + decode):
+        mine = [r for r in rows if r["worker"] == worker]
+        assert mine and all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
+        for r in mine:
+            assert r["end"] - r["start"] == pytest.approx(cost(r["decode_rows"], r["prefill_tokens"]), rel=1e-9)
+    if mode == "chunked":
+        assert max(r["prefill_tokens"] + r["decode_rows"] for r in rows) <= 384
+    if mode == "disagg":
+        assert not any(r["prefill_tokens"] for r in rows if r["worker"] == 1)  # the decode worker runs no prompt
+
+
+def test_step_timelines_cut_the_same_arrivals_to_a_window():
+    window = (0.2, 0.5)
+    timelines = step_timelines(replace(TINY_SIM, token_budget=384), 32.0, window)
+    assert list(timelines) == ["colocated", "chunked", "disagg 1:1"]
+    assert timelines["disagg 1:1"]["lanes"] == ["prefill worker", "decode worker"]
+    assert timelines["colocated"]["lanes"] == ["replica 0", "replica 1"]
+    for name, t in timelines.items():
+        assert t["steps"] and all(s["end"] > window[0] and s["start"] < window[1] for s in t["steps"])
+        assert all(window[0] <= x <= window[1] for times in t["tokens"].values() for x in times)
+        assert set(t["through"]) <= set(t["tokens"])
+        gaps = [1e3 * (b - a) for times in t["tokens"].values() for a, b in zip(times, times[1:])]
+        assert t["longest_gap_ms"] <= max(gaps) + 1e-9
+        assert (t["handoffs"] != []) == name.startswith("disagg")
+        assert all(h["worker"] == 1 and window[0] <= h["ready"] <= window[1] for h in t["handoffs"])
+    tracked = tracked_request(timelines)
+    assert tracked is not None and all(tracked in t["through"] for t in timelines.values())
+    assert timelines["disagg 1:1"]["longest_gap_ms"] < timelines["colocated"]["longest_gap_ms"]
+    with pytest.raises(ValueError, match="window"):
+        step_timelines(TINY_SIM, 32.0, (0.5, 0.2))
 
 
 def test_kv_transfer_table_is_the_formula():

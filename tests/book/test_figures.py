@@ -436,6 +436,42 @@ def _disagg():
         "plot_kv_transfer",
         lambda: disagg.plot_kv_transfer(transfer, title="Time to hand one 2048-token prompt's K/V over"),
     )
+    yield (
+        "plot_step_timeline",
+        lambda: disagg.plot_step_timeline(
+            _timelines(), (1.0, 1.3), tracked=0, title="Llama-3-8B, two H100s per mode, 24 req/s"
+        ),
+    )
+
+
+def _timelines() -> dict:
+    """Three modes' steps over 300 ms: decode steps of 7 ms, prompts whole, chunked or apart."""
+
+    def steps(worker, pattern, t=1.0):
+        rows = []
+        for prefill, decode, ms in pattern:
+            rows.append(
+                {"worker": worker, "start": t, "end": t + ms / 1e3, "prefill_tokens": prefill, "decode_rows": decode}
+            )
+            t += ms / 1e3
+        return rows
+
+    whole = [(0, 7, 7)] * 8 + [(1423, 7, 50)] + [(0, 7, 7)] * 6 + [(2048, 7, 70)] + [(0, 7, 7)] * 15
+    chunks = [(0, 7, 7)] * 8 + [(377, 7, 18.4)] * 4 + [(0, 7, 7)] * 6 + [(377, 7, 18.4)] * 6 + [(0, 7, 7)] * 8
+    timelines = {
+        "colocated": {"lanes": ["replica 0", "replica 1"], "steps": steps(0, whole) + steps(1, whole[3:])},
+        "chunked": {"lanes": ["replica 0", "replica 1"], "steps": steps(0, chunks) + steps(1, chunks[5:])},
+        "disagg 1:1": {
+            "lanes": ["prefill worker", "decode worker"],
+            "steps": steps(0, [(795, 0, 30), (3471, 0, 110), (4930, 0, 155)]) + steps(1, [(0, 14, 7.5)] * 40),
+            "handoffs": [{"worker": 1, "ready": 1.07}, {"worker": 1, "ready": 1.18}],
+        },
+    }
+    for t in timelines.values():
+        ends = sorted(s["end"] for s in t["steps"] if s["worker"] == len(t["lanes"]) - 1)
+        t["tokens"] = {0: [x for x in ends if x <= 1.3]}
+        t["longest_gap_ms"] = 1e3 * max(b - a for a, b in zip(ends, ends[1:]))
+    return timelines
 
 
 def _parallel():

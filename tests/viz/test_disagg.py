@@ -14,12 +14,14 @@ from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from minillm.viz.disagg import (  # noqa: E402
     BEST_COLOR,
     SIMULATED_NOTE,
+    STEP_COLORS,
     draw_colocated,
     draw_disaggregation,
     plot_goodput_vs_rate,
     plot_itl_series,
     plot_kv_transfer,
     plot_pd_ratio,
+    plot_step_timeline,
 )
 
 
@@ -151,3 +153,73 @@ def test_kv_transfer_bars_and_prefill_lines():
         plot_kv_transfer([])
     with pytest.raises(ValueError, match="row 0 needs transfer_ms"):
         plot_kv_transfer([{"model": "m", "link": "l", "transfer_ms": 0.0, "prefill_ms": 1.0}])
+
+
+def timelines():
+    def step(worker, start, end, prefill, decode):
+        return {"worker": worker, "start": start, "end": end, "prefill_tokens": prefill, "decode_rows": decode}
+
+    colocated = [step(0, 1.00, 1.01, 0, 4), step(0, 1.01, 1.06, 900, 4), step(0, 1.06, 1.07, 0, 5)]
+    disagg = [step(0, 0.99, 1.05, 900, 0), step(1, 1.00, 1.01, 0, 4), step(1, 1.01, 1.02, 0, 4)]
+    return {
+        "colocated": {
+            "lanes": ["replica 0"],
+            "steps": colocated,
+            "tokens": {3: [1.01, 1.06, 1.07]},
+            "longest_gap_ms": 50.0,
+        },
+        "disagg 1:1": {
+            "lanes": ["prefill worker", "decode worker"],
+            "steps": disagg,
+            "handoffs": [{"worker": 1, "ready": 1.055}],
+            "tokens": {3: [1.01, 1.02]},
+            "longest_gap_ms": 10.0,
+        },
+    }
+
+
+def test_step_timeline_draws_each_step_in_its_lane_and_color():
+    window = (1.0, 1.08)
+    fig = plot_step_timeline(timelines(), window, tracked=3, title="Llama-3-8B, H100 roofline")
+    colocated, disagg, tokens = fig.axes
+    bars = colocated.patches
+    assert [b.get_width() for b in bars] == pytest.approx([10.0, 50.0, 10.0])  # ms from the window's start
+    assert [b.get_x() for b in bars] == pytest.approx([0.0, 10.0, 60.0])
+    kinds = [STEP_COLORS["decode"], STEP_COLORS["mixed"], STEP_COLORS["decode"]]
+    assert [b.get_facecolor() for b in bars] == [to_rgba(c) for c in kinds]
+    assert "900" in [t.get_text() for t in colocated.texts]  # a wide bar says its prompt tokens
+    first = disagg.patches[0]  # starts before the window: clipped to it
+    assert first.get_x() == 0 and first.get_width() == pytest.approx(50.0)
+    assert first.get_facecolor() == to_rgba(STEP_COLORS["prefill"])
+    lanes = dict(zip(disagg.get_yticks(), [t.get_text() for t in disagg.get_yticklabels()]))
+    assert lanes == {1.0: "prefill worker", 0.0: "decode worker"}  # worker 0 on top
+    decode_lane = [b.get_y() + b.get_height() / 2 for b in disagg.patches[1:]]
+    assert decode_lane == [0.0, 0.0] and first.get_y() + first.get_height() / 2 == 1.0
+    (marker,) = disagg.lines
+    assert marker.get_xdata()[0] == pytest.approx(55.0) and marker.get_marker() == "v"
+    assert colocated.get_title(loc="left") == "colocated: longest decode gap 50.0 ms"
+    assert [len(line.get_xdata()) for line in tokens.lines] == [3, 2] and "request 3" in tokens.get_title(loc="left")
+    assert tokens.get_xlim() == pytest.approx((0.0, 80.0)) and "(ms)" in tokens.get_xlabel()
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:2] == ["prefill only", "decode only"] and "K/V handoff ready to decode" in legend
+    assert fig.get_suptitle() == f"Llama-3-8B, H100 roofline, {SIMULATED_NOTE}"
+    plt.close(fig)
+    assert len(plot_step_timeline(timelines(), window).axes) == 2  # no tracked request: no token panel
+    plt.close("all")
+
+
+def test_step_timeline_bad_input_is_named():
+    with pytest.raises(ValueError, match="timelines is empty"):
+        plot_step_timeline({}, (0, 1))
+    with pytest.raises(ValueError, match="window"):
+        plot_step_timeline(timelines(), (1.0, 1.0))
+    bad = timelines()
+    bad["colocated"]["steps"][0]["worker"] = 1
+    with pytest.raises(ValueError, match="'colocated' has a step on worker 1"):
+        plot_step_timeline(bad, (1.0, 1.08))
+    bad = timelines()
+    del bad["disagg 1:1"]["steps"][1]["end"]
+    with pytest.raises(ValueError, match="row 1 lacks end"):
+        plot_step_timeline(bad, (1.0, 1.08))
+    with pytest.raises(ValueError, match="no tokens of request 7"):
+        plot_step_timeline(timelines(), (1.0, 1.08), tracked=7)
