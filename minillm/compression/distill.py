@@ -473,15 +473,16 @@ def speculative_figures(
     k: int = 4,
 ) -> dict:
     """A draft's figures as ``target``'s drafter in greedy speculative decoding, all prompts pooled:
-    new tokens per target forward, and the fraction of the proposals checked that were accepted
-    (``DecodingStats.acceptance_rate``). ``decode`` is ``decoding.speculative.speculative_generate``,
+    new tokens per target forward, and the per-position acceptance rate: proposals accepted over
+    the positions the target checked (``DecodingStats.acceptance_rate``, not the fraction of all
+    proposals kept). ``decode`` is ``decoding.speculative.speculative_generate``,
     passed in because compression sits below decoding in the package's layers."""
     accepted = checked = new = forwards = 0
     for prompt in prompts:
         stats = decode(target, draft, list(prompt), new_tokens, k=k).stats
         accepted, checked = accepted + sum(stats.accepted), checked + sum(stats.reached)
         new, forwards = new + stats.new_tokens, forwards + stats.target_forwards
-    return {"tokens_per_target_forward": new / forwards, "acceptance": accepted / checked}
+    return {"tokens_per_target_forward": new / forwards, "acceptance_rate": accepted / checked}
 
 
 SEQUENCE_DISTILLED_NAME = "minillm-draft-seq-distilled"
@@ -491,7 +492,7 @@ SEQUENCE_REPRODUCE = (
     "from minillm.decoding.speculative import speculative_generate as s; "
     'c(s, "minillm/results/cpu-epyc-2core/distill_sequence.json")\''
 )
-FIGURES = ("valid_ppl", "kl_to_target", "greedy_agreement", "tokens_per_target_forward", "acceptance")
+FIGURES = ("valid_ppl", "kl_to_target", "greedy_agreement", "tokens_per_target_forward", "acceptance_rate")
 
 
 def student_figures(decode: Callable, student: Transformer, teacher: Transformer, valid_ids: Tensor, prompts) -> dict:

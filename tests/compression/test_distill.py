@@ -179,7 +179,7 @@ def test_bundled_distilled_draft_is_listed_and_its_card_states_its_figures():
     assert log["teacher"] == "minillm-target" and f"{log['parameters']:,}" in card
     assert f"{log['kl_to_teacher'][-1][1]:.3f}" in card
     models = log["comparison"]["models"]
-    assert models["minillm-draft-distilled"]["acceptance"] > models["hard labels, same budget"]["acceptance"]
+    assert models["minillm-draft-distilled"]["acceptance_rate"] > models["hard labels, same budget"]["acceptance_rate"]
     for name, row in models.items():
         assert f"| {name} | {row['valid_ppl']:.3f}" in card
     DistillConfig(**log["train_config"])  # the recipe it was trained with passes validation

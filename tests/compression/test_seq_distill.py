@@ -128,7 +128,7 @@ def test_a_draft_that_is_the_target_has_every_proposal_accepted():
     target = tiny_model()
     prompts = [source(n=8, seed=s).tolist() for s in range(2)]
     figures = speculative_figures(speculative_generate, target, target, prompts, new_tokens=20, k=4)
-    assert figures["acceptance"] == 1.0
+    assert figures["acceptance_rate"] == 1.0
     # each prompt: rounds of 4 proposals + 1 token while 5 fit, then the rest: 20 tokens in 4 forwards
     assert figures["tokens_per_target_forward"] == pytest.approx(5.0)
 
