@@ -121,15 +121,26 @@ def plot_decode_speed(rows: Sequence[Mapping], title: str = ""):
     return finish(fig)
 
 
+MARK_SPREAD = 0.012  # sparsity between two marks at the same sparsity (plot_pruning)
+
+
 def plot_pruning(curves: Mapping[str, Sequence[tuple[float, float]]], baseline: float, title: str = "", marks=None):
     """Perplexity against sparsity, one line per method; ``marks`` ({label: (sparsity, ppl)}) adds
-    single points such as 2:4. Log perplexity: the curves leave the baseline by orders of magnitude."""
+    single points such as 2:4. Marks at the same sparsity stand side by side, a little apart
+    (``MARK_SPREAD`` of the axis per mark), so that close values do not hide one another. Log
+    perplexity: the curves leave the baseline by orders of magnitude."""
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4))
     for i, (name, points) in enumerate(curves.items()):
         xs, ys = zip(*points)
         ax.plot(xs, ys, "-", marker=MARKERS[i % len(MARKERS)], color=f"C{i}", label=name)
-    for j, (name, (x, y)) in enumerate((marks or {}).items()):
-        ax.plot([x], [y], "s", ms=8, color=f"C{len(curves) + j}", label=name)
+    marks = dict(marks or {})
+    at_x: dict[float, list[str]] = {}
+    for name, (x, _) in marks.items():
+        at_x.setdefault(x, []).append(name)
+    for j, (name, (x, y)) in enumerate(marks.items()):
+        shared = at_x[x]
+        offset = (shared.index(name) - (len(shared) - 1) / 2) * MARK_SPREAD
+        ax.plot([x + offset], [y], "s", ms=8, color=f"C{len(curves) + j}", label=name)
     ax.axhline(baseline, color="tab:gray", ls="--", lw=1, label=f"dense: {baseline:.1f}")
     ax.set_yscale("log")
     plain_log_ticks(ax.yaxis)
