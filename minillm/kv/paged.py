@@ -163,8 +163,11 @@ class BlockManager:
         table = self.table(seq_id)
         grow = max(0, blocks_for(end, self.block_size) - len(table))
         last = min(blocks_for(end, self.block_size), len(table))
-        shared = sum(self.allocator.ref_counts[b] > 1 for b in table[start // self.block_size : last])
-        return grow + shared
+        return grow + sum(self._shared(b) for b in table[start // self.block_size : last])
+
+    def _shared(self, block: int) -> bool:
+        """Whether a sequence must copy ``block`` before writing into it: another table holds it."""
+        return self.allocator.ref_counts[block] > 1
 
     def can_write(self, seq_id: int, start: int, end: int) -> bool:
         return self.blocks_to_write(seq_id, start, end) <= self.allocator.num_available
@@ -174,7 +177,7 @@ class BlockManager:
         grow the table."""
         table, bs = self.table(seq_id), self.block_size
         for i in range(start // bs, min(blocks_for(end, bs), len(table))):
-            if self.allocator.ref_counts[table[i]] > 1:
+            if self._shared(table[i]):
                 self._copy_on_write(table, i)
         while len(table) < blocks_for(end, bs):
             table.append(self.allocator.allocate())

@@ -49,6 +49,7 @@ from ..core.outputs import TimedTokens
 from ..core.prompts import check_vocabulary
 from ..core.sampling import sample
 from ..kv.paged import BlockManager, KVPool, PagedKVBatch
+from ..kv.radix import RadixBlockManager
 from ..measure.metrics import RequestMetrics
 from .logits import TokenLogprob, ban, token_logprob
 from .scheduler import Scheduler, SchedulerConfig, SequenceState, Work
@@ -84,6 +85,9 @@ class SimulatedModel:
         return torch.zeros(B, 1 if last_only else T, self.config.vocab_size)
 
 
+BLOCK_MANAGERS = {"hash": BlockManager, "radix": RadixBlockManager}  # EngineConfig.prefix_cache
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     num_blocks: int = 256  # KV pool size, in blocks
@@ -91,6 +95,11 @@ class EngineConfig:
     prefix_caching: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     step_cost: StepCost | None = None  # None: each step takes its measured wall-clock time
+    prefix_cache: str = "hash"  # "hash": full blocks by hash chain (kv.paged); "radix": a token radix tree (kv.radix)
+
+    def __post_init__(self) -> None:
+        if self.prefix_cache not in BLOCK_MANAGERS:
+            raise ValueError(f"prefix_cache must be one of {tuple(BLOCK_MANAGERS)}, got {self.prefix_cache!r}")
 
 
 @dataclass
@@ -133,7 +142,7 @@ class Engine:
         if isinstance(model, SimulatedModel) and c.step_cost is None:
             raise ValueError("a SimulatedModel takes no time of its own: give EngineConfig a step_cost")
         self.pool = KVPool.for_model(model, c.num_blocks, c.block_size)
-        self.blocks = BlockManager(c.num_blocks, c.block_size, c.prefix_caching, self.pool)
+        self.blocks = BLOCK_MANAGERS[c.prefix_cache](c.num_blocks, c.block_size, c.prefix_caching, self.pool)
         self.scheduler = Scheduler(c.scheduler, self.blocks)
         self.now = 0.0
         self.steps = self.tokens_fed = 0
