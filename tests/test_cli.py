@@ -96,7 +96,18 @@ def command_paths() -> list[tuple[str, ...]]:
     return list(command_parsers())
 
 
-BENCHMARKS = {"generate", "kv", "decoding", "batching", "compression", "disagg", "serve", "parallel", "capstone"}
+BENCHMARKS = {
+    "generate",
+    "kv",
+    "decoding",
+    "batching",
+    "prefix-cache",
+    "compression",
+    "disagg",
+    "serve",
+    "parallel",
+    "capstone",
+}
 
 
 def test_the_parser_tree_has_every_command():
@@ -116,13 +127,14 @@ def test_every_command_prints_its_help(path, capsys):
 
 
 def test_every_benchmark_takes_threads_json_and_no_save():
-    """Every ``bench`` command has --threads, --json and --no-save, and saves as bench_<name>."""
+    """Every ``bench`` command has --threads, --json and --no-save, and saves as bench_<name>
+    (a hyphen of the name an underscore)."""
     benchmarks = {path[1]: p for path, p in command_parsers().items() if len(path) == 2 and path[0] == "bench"}
     assert set(benchmarks) == BENCHMARKS
     for name, parser in benchmarks.items():
         flags = {flag for action in parser._actions for flag in action.option_strings}
         assert {"--threads", "--json", "--no-save"} <= flags, name
-        assert parser.get_default("result_name") == f"bench_{name}"
+        assert parser.get_default("result_name") == f"bench_{name.replace('-', '_')}"
         assert parser.parse_args(["--no-save"]).no_save and not parser.parse_args([]).no_save
 
 
@@ -184,7 +196,7 @@ def test_without_minillm_results_a_benchmark_saves_in_the_current_directory(tmp_
 
 # Each benchmark's module (``minillm.bench.X``): faking its ``bench_*`` and ``format_*`` functions
 # tests each command's own work (its options built and checked, its end) in a second, not the measuring.
-BENCH_MODULES = {"generate": "generation", **{name: name for name in BENCHMARKS - {"generate"}}}
+BENCH_MODULES = {"generate": "generation", **{name: name.replace("-", "_") for name in BENCHMARKS - {"generate"}}}
 
 
 def fake_measuring(monkeypatch, benchmark: str) -> dict:
@@ -212,9 +224,10 @@ def test_every_benchmark_saves_its_figures_through_the_store_unless_no_save(benc
     assert status == 0, err
     if benchmark == "generate":  # two measurements, saved together
         figures = {"vs_transformers": figures, "cache_vs_recompute": figures}
-    saved = store / report.hardware_slug("cpu") / f"bench_{benchmark}.json"
+    name = f"bench_{benchmark.replace('-', '_')}"
+    saved = store / report.hardware_slug("cpu") / f"{name}.json"
     assert f"figures saved to {saved}" in out
-    assert report.load_results(f"bench_{benchmark}") == {report.hardware_slug("cpu"): figures}
+    assert report.load_results(name) == {report.hardware_slug("cpu"): figures}
 
 
 def test_a_quick_parallel_run_is_never_saved(store, monkeypatch, capsys):

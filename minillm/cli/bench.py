@@ -21,7 +21,7 @@ from .figures import report_figures, run_benchmark
 def add_bench(commands) -> None:
     bench_parser = commands.add_parser("bench", help="measure: generation speed, KV-cache techniques, ...")
     kinds = bench_parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", title="benchmarks", required=True)
-    for add in (add_generate, add_kv, add_decoding, add_batching, add_compression):
+    for add in (add_generate, add_kv, add_decoding, add_batching, add_prefix_cache, add_compression):
         add(kinds)
     add_process_benchmarks(kinds)
 
@@ -189,6 +189,32 @@ def add_batching(kinds) -> None:
     )
     p.add_argument("--prefix-requests", type=int, default=8, help="requests sharing a system prompt (default: 8)")
     p.add_argument("--system-len", type=int, default=512, help="system prompt tokens (default: 512)")
+
+
+def cmd_bench_prefix_cache(args: argparse.Namespace) -> int:
+    from ..bench.prefix_cache import PrefixCacheBench, bench_prefix_caches, format_prefix_caches
+
+    with bad_input():
+        options = PrefixCacheBench(block_size=args.block_size, num_blocks=args.num_blocks, repeats=args.repeats)
+    device = parse_device(args.device)
+    with bad_input():
+        model, _ = load(args.model, device=device)
+    what = f"hash chain vs radix tree prefix caches on {args.model} ({where(device)})..."
+    return run_benchmark(args, what, lambda: bench_prefix_caches(model, options), format_prefix_caches)
+
+
+def add_prefix_cache(kinds) -> None:
+    p = common.add_benchmark(
+        kinds,
+        "prefix-cache",
+        "prefix caches, hash chain vs radix tree: hits, TTFT, peak KV on multi-turn, few-shot, branching",
+        cmd_bench_prefix_cache,
+        common.model_option("the model"),
+        common.repeats_option(5),
+        common.device_option(),
+    )
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--num-blocks", type=int, default=512, help="KV pool per engine, in blocks (default: 512)")
 
 
 def cmd_bench_compression(args: argparse.Namespace) -> int:

@@ -239,6 +239,7 @@ def output_options(name: str) -> argparse.ArgumentParser:
 
 def add_benchmark(kinds, name: str, help_: str, handler, *parents: argparse.ArgumentParser) -> ArgumentParser:
     """``bench NAME``: its own options (``parents``), then --threads, --json and --no-save."""
-    p = kinds.add_parser(name, help=help_, parents=[*parents, threads_option(), output_options(f"bench_{name}")])
+    saved = f"bench_{name.replace('-', '_')}"  # a file name of one word, like the results' others
+    p = kinds.add_parser(name, help=help_, parents=[*parents, threads_option(), output_options(saved)])
     p.set_defaults(handler=handler)
     return p
