@@ -22,6 +22,8 @@ techniques of one layer never import each other:
                   the compute dtype, quantize, compile; every combination works or is refused.
     serving/      workload, scheduler, engine, async engine, HTTP server, disaggregation and
                   replicas (chapters 13-15; imports core, kv, measure).
+    export/       writing a model for another runtime: GGUF for llama.cpp (imports core, the
+                  runtime, and compression to dequantize).
     bench/        the timing harness, provenance and results store, one module per benchmark,
                   and the bench command line.
     viz/          every plot; the only importer of matplotlib; never imports bench.

@@ -27,7 +27,7 @@ LAYERS = (
     ("measure", "training"),
     ("kv", "compression", "decoding", "parallel"),
     ("runtime",),
-    ("serving",),
+    ("serving", "export"),
     ("bench", "viz"),
     ("book", "cli"),
 )
@@ -44,6 +44,7 @@ ALLOWED = {
     "parallel": {"core", "measure"},
     "runtime": {"core", "compression"},
     "serving": {"core", "kv", "measure", "parallel", "runtime"},
+    "export": {"core", "compression", "runtime"},
     "bench": {
         "core",
         "kernels",
@@ -58,7 +59,19 @@ ALLOWED = {
     },
     "viz": {"core", "measure", "kv", "decoding", "parallel", "serving"},
     "book": {"core", "measure", "kv", "compression", "decoding", "viz"},
-    "cli": {"core", "measure", "training", "kv", "compression", "decoding", "parallel", "runtime", "serving", "bench"},
+    "cli": {
+        "core",
+        "measure",
+        "training",
+        "kv",
+        "compression",
+        "decoding",
+        "parallel",
+        "runtime",
+        "serving",
+        "export",
+        "bench",
+    },
 }
 PLOTTING = ("matplotlib", "ipywidgets")
 

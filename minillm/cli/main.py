@@ -7,10 +7,11 @@
     python -m minillm bench generate   # saved to ./minillm-results/<hardware>/bench_generate.json
     python -m minillm bench kv --no-save --json kv.json
     python -m minillm models
+    python -m minillm export gguf minillm-target target.gguf --type q8_0   # for llama.cpp
 
 The commands live beside this module: ``generate``, ``serve``, ``bench`` (and ``bench_processes``),
-``train``; ``common`` holds what they share (errors, devices, the options several take, the end of
-every benchmark). Each handler imports what it runs when it runs.
+``train``, ``export``; ``common`` holds what they share (errors, devices, the options several
+take, the end of every benchmark). Each handler imports what it runs when it runs.
 
 Bad input (an invalid sampling parameter, an unknown model, a prompt longer than the context)
 prints one line to stderr and exits with status 2.
@@ -31,6 +32,7 @@ from ..core.hf_config import config_from_hf
 from ..training.corpus import DATA_DIR, build_corpus
 from .bench import add_bench
 from .common import ArgumentParser, CliError, bad_input
+from .export import add_export
 from .generate import add_generate
 from .serve import add_serve
 from .train import add_train
@@ -98,6 +100,7 @@ def build_parser() -> ArgumentParser:
     corpus = commands.add_parser("corpus", help="rebuild the training corpus from this Python's stdlib")
     corpus.set_defaults(handler=cmd_corpus)
     add_train(commands)
+    add_export(commands)
     return parser
 
 
