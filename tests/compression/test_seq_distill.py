@@ -9,18 +9,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from minillm.bench.distill import FIGURES, SEQUENCE_REPRODUCE, speculative_figures
 from minillm.compression.distill import (
     DISTILLED_NAME,
-    FIGURES,
     DistillConfig,
     TeacherTextConfig,
     sequence_distill,
     sequence_targets,
-    speculative_figures,
     teacher_corpus,
 )
 from minillm.core.checkpoints import BUNDLED_DIR
-from minillm.decoding.speculative import speculative_generate
 from tests.conftest import tiny_model
 
 SAVED = Path(__file__).resolve().parents[2] / "minillm" / "results" / "cpu-epyc-2core" / "distill_sequence.json"
@@ -127,7 +125,7 @@ def test_bad_input_is_refused():
 def test_a_draft_that_is_the_target_has_every_proposal_accepted():
     target = tiny_model()
     prompts = [source(n=8, seed=s).tolist() for s in range(2)]
-    figures = speculative_figures(speculative_generate, target, target, prompts, new_tokens=20, k=4)
+    figures = speculative_figures(target, target, prompts, new_tokens=20, k=4)
     assert figures["acceptance_rate"] == 1.0
     # each prompt: rounds of 4 proposals + 1 token while 5 fit, then the rest: 20 tokens in 4 forwards
     assert figures["tokens_per_target_forward"] == pytest.approx(5.0)
@@ -141,6 +139,7 @@ def test_saved_comparison_has_its_fields_and_the_bundled_figures():
     for field in ("model", "teacher", "figures", "settings", "cost", "seconds", "check", "hardware", "how"):
         assert field in record, field
     assert record["teacher"] == bundled["teacher"] and record["threads"] == 1
+    assert record["reproduce"] == SEQUENCE_REPRODUCE  # the command that wrote it, as it is now
     for row in saved_rows.values():  # the new student is scored on exactly the saved figures
         assert set(row) == set(record["figures"]) == set(FIGURES)
     remeasured = record["check"]["bundled minillm-draft-distilled, re-measured"]
