@@ -130,17 +130,22 @@ def simulate_mode(sweep: SimulatedSweep, mode: str, rate: float, prefill: int = 
     return figures
 
 
+def three_ways(sweep: SimulatedSweep) -> dict[str, tuple[str, int, int]]:
+    """The three ways of serving on ``sweep.workers`` GPUs that the chapter compares, by name:
+    (mode, prefill workers or replicas, decode workers): colocated and chunked replicas, and one
+    prefill worker with the rest decode workers."""
+    w = sweep.workers
+    return {"colocated": ("colocated", w, 0), "chunked": ("chunked", w, 0), f"disagg 1:{w - 1}": ("disagg", 1, w - 1)}
+
+
 def simulated_goodput(sweep: SimulatedSweep | None = None) -> list[dict]:
-    """Goodput against the rate for colocated and chunked replicas and 1:(workers-1) disaggregation,
-    the same number of GPUs each."""
+    """Goodput against the rate for the ``three_ways`` of serving, the same number of GPUs each."""
     s = sweep or SimulatedSweep()
-    rows = []
-    for rate in s.rates:
-        for mode in ("colocated", "chunked"):
-            rows.append({"mode": mode, "rate": rate, **simulate_mode(s, mode, rate, prefill=s.workers)})
-        name = f"disagg 1:{s.workers - 1}"
-        rows.append({"mode": name, "rate": rate, **simulate_mode(s, "disagg", rate, 1, s.workers - 1)})
-    return rows
+    return [
+        {"mode": name, "rate": rate, **simulate_mode(s, mode, rate, p, d)}
+        for rate in s.rates
+        for name, (mode, p, d) in three_ways(s).items()
+    ]
 
 
 def max_rate_within_slo(
@@ -249,15 +254,12 @@ def _longest_gap(
 
 
 def step_timelines(sweep: SimulatedSweep, rate: float, window: tuple[float, float]) -> dict[str, dict]:
-    """The same arrivals at ``rate`` served three ways on ``sweep.workers`` GPUs, as in
-    ``simulated_goodput`` (colocated replicas; chunked replicas, ``sweep.token_budget`` tokens a
-    step; one prefill worker and the rest decode workers), each cut to ``window`` (start, end; s)
-    by ``window_of``."""
+    """The same arrivals at ``rate`` served the ``three_ways`` on ``sweep.workers`` GPUs, as in
+    ``simulated_goodput`` (chunked replicas run ``sweep.token_budget`` tokens a step), each cut
+    to ``window`` (start, end; s) by ``window_of``."""
     if not (len(window) == 2 and 0 <= window[0] < window[1]):
         raise ValueError(f"window must be (start, end) seconds with 0 <= start < end, got {window!r}")
-    w = sweep.workers
-    modes = {"colocated": ("colocated", w, 0), "chunked": ("chunked", w, 0), f"disagg 1:{w - 1}": ("disagg", 1, w - 1)}
-    runs = {name: simulate_run(sweep, mode, rate, p, d) for name, (mode, p, d) in modes.items()}
+    runs = {name: simulate_run(sweep, mode, rate, p, d) for name, (mode, p, d) in three_ways(sweep).items()}
     return {name: window_of(run, window) for name, run in runs.items()}
 
 
