@@ -386,8 +386,9 @@ def teacher_corpus(
     starts = torch.randint(0, len(source_ids) - config.prompt_len + 1, (config.n_sequences,), generator=gen)
     prompts = source_ids[starts[:, None] + torch.arange(config.prompt_len)]  # (n, prompt_len)
     rows = []
-    batches = prompts.split(config.batch_size)
-    for i, batch in enumerate(tqdm(batches, disable=not progress, desc=f"{teacher.config.name} writes", unit="batch")):
+    desc = f"{teacher.config.name} writes"
+    batches = tqdm(prompts.split(config.batch_size), disable=not progress, desc=desc, unit="batch")
+    for i, batch in enumerate(batches):
         new = generate(
             teacher,
             batch.to(teacher.device),
@@ -401,8 +402,9 @@ def teacher_corpus(
 
 
 def sequence_targets(rows: Tensor, prompt_len: int) -> tuple[Tensor, Tensor]:
-    """Inputs (n, L - 1) and next-token targets (n, L - 1) of rows (n, L); a target that is still
-    prompt (real text, not the teacher's) is -100, which cross-entropy skips."""
+    """Inputs (n, L - 1) and next-token targets (n, L - 1) of rows (n, L); a target
+    that is still prompt (real text, not the teacher's) is -100, which cross-entropy
+    skips."""
     x, y = rows[:, :-1], rows[:, 1:].clone()
     y[:, : max(0, prompt_len - 1)] = -100
     return x, y
