@@ -20,8 +20,9 @@ techniques of one layer never import each other:
     parallel/     tensor, pipeline, context parallelism over torch.distributed (chapter 15).
     runtime/      the one place techniques compose: load (HF, bundled or saved quantized) in
                   the compute dtype, quantize, compile; every combination works or is refused.
-    serving/      workload, scheduler, engine, async engine, HTTP server, disaggregation and
-                  replicas (chapters 13-15; imports core, kv, measure).
+    serving/      workload, scheduler, engine (speculating with decoding's rule), async engine,
+                  HTTP server, disaggregation and replicas (chapters 13-15; imports core, kv,
+                  decoding, measure, parallel, runtime).
     export/       writing a model for another runtime: GGUF for llama.cpp (imports core, the
                   runtime, and compression to dequantize).
     bench/        the timing harness, provenance and results store, one module per benchmark,

@@ -357,6 +357,7 @@ class AsyncEngine:
             "prefix_hit_tokens": s.prefix_hit_tokens,
             "preemptions": s.preemptions,
             "steps": e.steps,
+            **e.speculation_counters(),
             **self.counters,
         }
 

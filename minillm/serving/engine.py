@@ -48,11 +48,13 @@ from ..core.model import Transformer
 from ..core.outputs import TimedTokens
 from ..core.prompts import check_vocabulary
 from ..core.sampling import sample
+from ..decoding.common import DecodingStats
 from ..kv.paged import BlockManager, KVPool, PagedKVBatch
 from ..kv.radix import RadixBlockManager
 from ..measure.metrics import RequestMetrics
 from .logits import TokenLogprob, ban, token_logprob
 from .scheduler import Scheduler, SchedulerConfig, SequenceState, Work
+from .speculative import DraftModel, PoolPair, Speculation, accept, check_draft, lookup_proposals, verify_inputs
 from .step_cost import StepCost, StepRecord, fit_step_cost  # noqa: F401 (fit_step_cost: importable from here too)
 from .workload import Request
 
@@ -96,10 +98,16 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     step_cost: StepCost | None = None  # None: each step takes its measured wall-clock time
     prefix_cache: str = "hash"  # "hash": full blocks by hash chain (kv.paged); "radix": a token radix tree (kv.radix)
+    speculation: Speculation | None = None  # speculative decoding of the decode rows (serving.speculative)
 
     def __post_init__(self) -> None:
         if self.prefix_cache not in BLOCK_MANAGERS:
             raise ValueError(f"prefix_cache must be one of {tuple(BLOCK_MANAGERS)}, got {self.prefix_cache!r}")
+        if self.speculation is not None and self.scheduler.policy != "continuous":
+            raise ValueError(
+                f"speculative decoding needs the continuous policy (rows accept different numbers of "
+                f"tokens), got {self.scheduler.policy!r}"
+            )
 
 
 @dataclass
@@ -112,6 +120,7 @@ class RequestOutput(TimedTokens):
     error: str | None = None  # what went wrong while serving this request (finish_reason "error")
     logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
     started: float | None = None  # when it first ran (engine clock; None: it never did)
+    speculation: DecodingStats | None = None  # proposals and acceptance, when the engine speculates
 
     def token_lists(self) -> list[list[int]]:
         return [list(self.tokens)]
@@ -136,14 +145,21 @@ def batch_inputs(work: list[Work], device, padding_rows: int = 0) -> tuple[Tenso
 
 
 class Engine:
-    def __init__(self, model: Transformer, config: EngineConfig | None = None):
+    """``draft``: the draft model of ``EngineConfig.speculation`` with method ``"draft"``."""
+
+    def __init__(self, model: Transformer, config: EngineConfig | None = None, draft: Transformer | None = None):
         self.model, self.config = model, config or EngineConfig()
         c = self.config
         if isinstance(model, SimulatedModel) and c.step_cost is None:
             raise ValueError("a SimulatedModel takes no time of its own: give EngineConfig a step_cost")
         self.pool = KVPool.for_model(model, c.num_blocks, c.block_size)
-        self.blocks = BLOCK_MANAGERS[c.prefix_cache](c.num_blocks, c.block_size, c.prefix_caching, self.pool)
+        self.draft = self._draft_model(draft)
+        pools = self.pool if self.draft is None else PoolPair(self.pool, self.draft.pool)
+        self.blocks = BLOCK_MANAGERS[c.prefix_cache](c.num_blocks, c.block_size, c.prefix_caching, pools)
         self.scheduler = Scheduler(c.scheduler, self.blocks)
+        self.scheduler.lookahead = c.speculation.k if c.speculation is not None else 0
+        self._speculation: dict[int, DecodingStats] = {}  # per request in flight
+        self.speculation_total = DecodingStats(c.speculation.k) if c.speculation is not None else None
         self.now = 0.0
         self.steps = self.tokens_fed = 0
         self.kv_slots_held = self.kv_tokens_stored = 0
@@ -156,6 +172,21 @@ class Engine:
         self.outputs: dict[int, RequestOutput] = {}  # finished requests by id
         self._live: set[int] = set()  # ids of the requests added and not finished
         self._next_id = 0
+
+    def _draft_model(self, draft: Transformer | None) -> DraftModel | None:
+        """The draft over a pool of its own, or None; refuses a draft that speculation does not use."""
+        spec, c = self.config.speculation, self.config
+        wants = spec is not None and spec.method == "draft"
+        if spec is not None and isinstance(self.model, SimulatedModel):
+            raise ValueError("speculative decoding needs a real model: a SimulatedModel makes no proposals to verify")
+        if wants and draft is None:
+            raise ValueError("speculation method 'draft' needs a draft model: Engine(model, config, draft=...)")
+        if draft is not None and not wants:
+            raise ValueError("a draft model was given, but EngineConfig.speculation does not use one (method 'draft')")
+        if draft is None:
+            return None
+        check_draft(self.model.config, draft)
+        return DraftModel(draft, c.num_blocks, c.block_size)
 
     # -- requests in ---------------------------------------------------------------------------
 
@@ -214,6 +245,9 @@ class Engine:
                 self.scheduler.abort(seq)
         self._generators.pop(request_id, None)
         self._logprobs.pop(request_id, None)
+        self._speculation.pop(request_id, None)
+        if self.draft is not None:
+            self.draft.end(request_id)
         return True
 
     def _admit_arrivals(self) -> list[RequestOutput]:
@@ -224,6 +258,8 @@ class Engine:
             seq = SequenceState(request, request.id)
             try:
                 self._generators[request.id] = request.params.generator(self.model.device)
+                if self.draft is not None:
+                    self.draft.start(request.id, request.params)
             except Exception as e:  # confined to this request: it ends with an error, the rest go on
                 failed.append(self._fail(seq, e, scheduled=False))
                 continue
@@ -269,14 +305,14 @@ class Engine:
         except Exception as e:  # the batched forward itself failed: end these requests, keep the engine
             return failed + [self._fail(w.seq, e) for w in work]
         synchronize(self.model.device)
-        n_fed = sum(w.n for w in work)
+        n_fed = sum(w.n + w.proposed for w in work)
         cost = self.config.step_cost
         duration = cost(decode_rows, prefill_tokens, forwards) if cost is not None else time.perf_counter() - t0
         start, self.now = self.now, self.now + duration
         self.steps, self.tokens_fed = self.steps + 1, self.tokens_fed + n_fed
         finished = self._advance(work, tokens)
         self._count_kv_use()
-        rows = tuple((w.seq.id, w.n) for w in work)
+        rows = tuple((w.seq.id, w.n + w.proposed) for w in work)
         used = self.blocks.allocator.num_used
         self.step_log.append(StepRecord(start, duration, decode_rows, padding, prefill_tokens, forwards, rows, used))
         return failed + finished
@@ -316,9 +352,11 @@ class Engine:
                 logits[rows] = self._forward([work[i] for i in rows], pad).to(logits.dtype)
         return logits
 
-    def _forward_and_sample(self, work: list[Work]) -> tuple[list[int | None], tuple[int, int, int, int]]:
-        """The model on every row; a new token for each row whose sequence is now fully cached.
-        A ``SimulatedModel`` runs nothing: each such row gets token 0, what its zero logits would give."""
+    def _forward_and_sample(self, work: list[Work]) -> tuple[list, tuple[int, int, int, int]]:
+        """The model on every row; new tokens for each row whose sequence is now fully cached: one
+        (an int), or with speculation a decode row's accepted proposals and the token after them (a
+        list). A ``SimulatedModel`` runs nothing: each such row gets token 0, what its zero logits
+        would give."""
         fed = self._fed(work)
         self.padding_rows += fed[1]
         for w in work:
@@ -327,47 +365,116 @@ class Engine:
         done = [w.seq.num_computed + w.n >= len(w.seq.tokens) for w in work]  # else a prompt chunk, mid-prompt
         if isinstance(self.model, SimulatedModel):
             return [0 if d else None for d in done], fed
-        logits = self._forward_split(work)  # (B, V)
-        out: list[int | Exception | None] = []
-        for i, (w, d) in enumerate(zip(work, done)):
-            r = w.seq.request
-            try:
-                if not d:
-                    out.append(None)
-                    continue
-                token = int(sample(self._adjusted(logits[i : i + 1], w.seq), r.params, self._generators[r.id]))
-                if r.logprobs is not None:  # of the model's own logits, before the request's adjustments
-                    self._logprobs.setdefault(r.id, []).append(token_logprob(logits[i], token, r.logprobs))
-                out.append(token)
-            except Exception as e:  # confined to this row's request (see _advance)
-                out.append(e)
+        speculating = self.config.speculation is not None
+        verified = [i for i, w in enumerate(work) if speculating and w.n == 1]
+        rest = [i for i, w in enumerate(work) if not (speculating and w.n == 1)]
+        out: list = [None] * len(work)
+        if rest:
+            sub = [work[i] for i in rest]
+            logits = self._forward_split(sub)  # (B, V)
+            if self.draft is not None:  # the draft's K/V keep up with the target's
+                self.draft.prefill([w.seq for w in sub], [w.n for w in sub], [self.blocks.table(w.seq.id) for w in sub])
+            for j, i in enumerate(rest):
+                out[i] = self._sample(logits[j], work[i].seq) if done[i] else None
+        if verified:
+            for i, tokens in zip(verified, self._speculate([work[i] for i in verified])):
+                out[i] = tokens
         return out, fed
 
-    @staticmethod
-    def _adjusted(logits: Tensor, seq: SequenceState) -> Tensor:
-        """One request's logits (1, V) as it asked: penalties, biases and min_p, and its stop ids
-        banned while it has fewer than ``min_tokens`` outputs."""
+    def _sample(self, logits: Tensor, seq: SequenceState) -> int | Exception:
+        """One token for a row from its logits (V,) (or the exception, confined to this request)."""
         r = seq.request
+        try:
+            token = int(sample(self._adjusted(logits[None], seq), r.params, self._generators[r.id]))
+            if r.logprobs is not None:  # of the model's own logits, before the request's adjustments
+                self._logprobs.setdefault(r.id, []).append(token_logprob(logits, token, r.logprobs))
+            return token
+        except Exception as e:  # confined to this row's request (see _advance)
+            return e
+
+    def _speculate(self, work: list[Work]) -> list[list[int] | Exception]:
+        """Speculative decoding of the decode rows (``serving.speculative``): propose, verify all
+        rows in one forward of (B, K + 1), accept row by row -> each row's new tokens."""
+        seqs, ks = [w.seq for w in work], [w.lookahead for w in work]
+        tables = [self.blocks.table(s.id) for s in seqs]
+        if self.draft is not None:
+            proposals = self.draft.propose(seqs, ks, tables)
+        else:
+            proposals = lookup_proposals(seqs, ks, self.config.speculation)
+        for w, (draft, _) in zip(work, proposals):
+            w.proposed = len(draft)
+        ids, positions = verify_inputs(seqs, [d for d, _ in proposals], self.model.device)
+        logits = self.model(ids, positions, PagedKVBatch(self.pool, tables))  # (B, T, V)
+        T = ids.shape[1]
+        out: list[list[int] | Exception] = []
+        for i, (seq, (draft, q)) in enumerate(zip(seqs, proposals)):
+            r = seq.request
+            try:
+                rows = logits[i, T - len(draft) - 1 :]  # (k + 1, V): at each proposal and after them
+                n, token = accept(self._adjusted_along(rows, seq, draft), draft, q, r.params, self._generators[r.id])
+                emitted = self._emitted(seq, [*draft[:n], token])
+                if r.logprobs is not None:
+                    for j, t in enumerate(emitted):
+                        self._logprobs.setdefault(r.id, []).append(token_logprob(rows[j], t, r.logprobs))
+                for stats in (
+                    self._speculation.setdefault(r.id, DecodingStats(self.speculation_total.k)),
+                    self.speculation_total,
+                ):
+                    stats.record(len(draft), n, len(emitted))
+                out.append(emitted)
+            except Exception as e:  # confined to this row's request (see _advance)
+                out.append(e)
+        if self.draft is not None:
+            self.speculation_total.draft_forwards = self.draft.forwards
+        return out
+
+    @staticmethod
+    def _emitted(seq: SequenceState, tokens: list[int]) -> list[int]:
+        """The accepted tokens up to the request's end: its first stop id (once it may stop), or
+        max_tokens."""
+        r, kept = seq.request, []
+        for t in tokens[: r.max_tokens - len(seq.outputs)]:
+            kept.append(t)
+            if t in r.stop_ids and len(seq.outputs) + len(kept) > r.min_tokens:
+                break
+        return kept
+
+    def _adjusted_along(self, logits: Tensor, seq: SequenceState, draft: list[int]) -> Tensor:
+        """A row's logits (k + 1, V) each adjusted as if the proposals before it were the request's
+        tokens (penalties count them; a stop id stays banned until min_tokens)."""
+        r = seq.request
+        if not r.adjust.active and not (r.stop_ids and len(seq.outputs) < r.min_tokens):
+            return logits
+        return torch.cat([self._adjusted(logits[j : j + 1], seq, draft[:j]) for j in range(len(logits))])
+
+    @staticmethod
+    def _adjusted(logits: Tensor, seq: SequenceState, ahead: list[int] = ()) -> Tensor:
+        """One request's logits (1, V) as it asked: penalties, biases and min_p, and its stop ids
+        banned while it has fewer than ``min_tokens`` outputs. ``ahead``: tokens proposed after the
+        request's own, counted as its (speculative decoding)."""
+        r = seq.request
+        tokens = seq.tokens + list(ahead) if ahead else seq.tokens
         if r.adjust.active:
-            logits = r.adjust.apply(logits, seq.tokens, len(r.prompt), r.params.temperature)
-        if r.stop_ids and len(seq.outputs) < r.min_tokens:
+            logits = r.adjust.apply(logits, tokens, len(r.prompt), r.params.temperature)
+        if r.stop_ids and len(tokens) - len(r.prompt) < r.min_tokens:
             logits = ban(logits, r.stop_ids)
         return logits
 
-    def _advance(self, work: list[Work], tokens: list[int | Exception | None]) -> list[RequestOutput]:
+    def _advance(self, work: list[Work], tokens: list) -> list[RequestOutput]:
         finished = []
-        for w, token in zip(work, tokens):
+        for w, new in zip(work, tokens):
             seq = w.seq
-            if isinstance(token, Exception):
-                finished.append(self._fail(seq, token))
+            if isinstance(new, Exception):
+                finished.append(self._fail(seq, new))
                 continue
-            seq.num_computed += w.n
-            self.blocks.commit(seq.id, seq.tokens, seq.num_computed)
-            if token is None:
-                continue
-            seq.tokens.append(token)
-            seq.token_times.append(self.now)
-            if self._done(seq):
+            new = [] if new is None else [new] if isinstance(new, int) else new
+            seq.num_computed += w.n + max(0, len(new) - 1)  # accepted proposals' K/V are in the pool too
+            seq.tokens.extend(new)
+            seq.token_times.extend([self.now] * len(new))
+            seq.draft_computed = min(seq.draft_computed, seq.num_computed)  # the draft's rejected roll back too
+            cached = seq.num_computed if self.draft is None else seq.draft_computed
+            self.blocks.commit(seq.id, seq.tokens, cached)  # a block is cached once every pool holds it
+            if new and self._done(seq):
                 out = self._retire(seq)
                 if out is not None:
                     finished.append(out)
@@ -388,11 +495,14 @@ class Engine:
         self._generators.pop(r.id, None)  # a finished request never samples again
         logprobs = self._logprobs.pop(r.id, []) if r.logprobs is not None else None
         self._live.discard(r.id)
+        speculation = self._speculation.pop(r.id, None)
+        if self.draft is not None:
+            self.draft.end(r.id)
         metrics = RequestMetrics(r.arrival, list(seq.token_times), len(r.prompt))
         out = seq.outputs
         reason = finish_reason or ("stop" if out and out[-1] in r.stop_ids else "length")
         self.outputs[r.id] = RequestOutput(
-            r, out, metrics, seq.preemptions, reason, logprobs=logprobs, started=seq.started
+            r, out, metrics, seq.preemptions, reason, logprobs=logprobs, started=seq.started, speculation=speculation
         )
         return self.outputs[r.id]
 
@@ -434,6 +544,20 @@ class Engine:
             "cow_copies": self.blocks.cow_copies,
             "prefix_hit_tokens": self.scheduler.prefix_hit_tokens,
             "padding_rows": self.padding_rows,
+            **self.speculation_counters(),
+        }
+
+    def speculation_counters(self) -> dict[str, int]:
+        """With speculation: proposals verified, proposals accepted, decode rows verified (each
+        request's own are in its output); none without."""
+        total = self.speculation_total
+        if total is None:
+            return {}
+        return {
+            "spec_proposed_tokens": total.proposed,
+            "spec_accepted_tokens": sum(total.accepted),
+            "spec_verified_rows": total.target_forwards,
+            "spec_draft_forwards": total.draft_forwards,
         }
 
 

@@ -36,6 +36,9 @@ COUNTERS = {
     "generation_tokens": ("generated_tokens", "Output tokens generated"),
     "prefix_cache_queries": ("prefix_query_tokens", "Prompt tokens looked up in the prefix cache (at each admission)"),
     "prefix_cache_hits": ("prefix_hit_tokens", "Prompt tokens whose K/V the prefix cache held"),
+    "spec_decode_draft_tokens": ("spec_proposed_tokens", "Speculative decoding: tokens proposed and verified"),
+    "spec_decode_accepted_tokens": ("spec_accepted_tokens", "Speculative decoding: proposed tokens accepted"),
+    "spec_decode_verified_rows": ("spec_verified_rows", "Speculative decoding: decode rows verified"),
 }
 
 

@@ -69,6 +69,7 @@ class SequenceState:
     token_times: list[float] = field(default_factory=list)  # when each output token came out
     preemptions: int = 0
     started: float | None = None  # when it first ran (engine clock): its queueing ends there
+    draft_computed: int = 0  # speculative decoding with a draft model: tokens whose draft K/V are in its pool
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt)
@@ -91,6 +92,8 @@ class SequenceState:
 class Work:
     seq: SequenceState
     n: int  # tokens to feed this step: seq.tokens[num_computed : num_computed + n]
+    lookahead: int = 0  # speculative decoding: slots reserved after them for this many proposals
+    proposed: int = 0  # the proposals the engine then verified (at most lookahead)
 
 
 class Scheduler:
@@ -102,6 +105,7 @@ class Scheduler:
         self.prefix_hit_tokens = 0  # prompt tokens whose K/V came from the prefix cache
         self.prefix_query_tokens = 0  # prompt tokens looked up in it
         self.batch_rows = 0  # static/dynamic: rows of the current batch, finished ones included
+        self.lookahead = 0  # speculative decoding: proposals per decode row (slots reserved for them)
 
     def add(self, seq: SequenceState) -> None:
         self.waiting.append(seq)
@@ -153,10 +157,19 @@ class Scheduler:
             if seq not in self.running or budget <= 0:
                 continue  # preempted in this loop, or the step is full
             n = int(min(len(seq.tokens) - seq.num_computed, budget))
-            if self._make_room(seq, n):
-                work.append(Work(seq, n))
-                budget -= n
+            extra = self._lookahead(seq, n, budget)
+            if self._make_room(seq, n + extra):
+                work.append(Work(seq, n, extra))
+                budget -= n + extra
         return work
+
+    def _lookahead(self, seq: SequenceState, n: int, budget: float) -> int:
+        """Slots for a decode row's proposals: at most ``lookahead``, one fewer than the tokens it
+        may still make (the verify forward always makes one more), and what the step's budget leaves."""
+        if n != 1 or not self.lookahead:
+            return 0
+        left = seq.request.max_tokens - len(seq.outputs) - 1
+        return int(max(0, min(self.lookahead, left, budget - n)))
 
     def _make_room(self, seq: SequenceState, n: int) -> bool:
         """Blocks for the next n tokens of seq, preempting newer sequences (then seq itself)
@@ -198,6 +211,7 @@ class Scheduler:
         """Reuse cached prefix blocks; return how many tokens are left to compute (at least the last)."""
         cached = self.blocks.match_prefix(seq.id, seq.tokens)
         seq.num_computed = min(cached, len(seq.tokens) - 1)  # the last token's logits are needed
+        seq.draft_computed = seq.num_computed  # a draft's K/V of cached blocks came with them
         return len(seq.tokens) - seq.num_computed
 
     def _admit(self, seq: SequenceState, end: int) -> None:
