@@ -41,6 +41,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             quantize=args.quantize,
             group_size=args.group_size,
+            compile=args.compile,
+            tensor_parallel=args.tensor_parallel,
+            speculative_model=args.speculative_model,
+            num_speculative_tokens=args.num_speculative_tokens,
+            prompt_lookup=args.prompt_lookup,
+            max_model_len=args.max_model_len,
+            prefix_cache=args.prefix_cache,
         )
     try:
         http.require_serve_extra()
@@ -87,6 +94,50 @@ def add_serve(commands) -> None:
         type=int,
         default=None,
         help="largest request body accepted; a larger one is a 413 (default: 4 MiB)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode steps through torch.compile, batches padded to size buckets (compiled before serving)",
+    )
+    p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shard the model over N rank processes; this one schedules, every rank runs each step (default: 1)",
+    )
+    p.add_argument(
+        "--speculative-model",
+        default=None,
+        metavar="MODEL",
+        help="speculative decoding with this draft model (it must share the model's tokenizer)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="proposals of the draft model per step (default: 4)",
+    )
+    p.add_argument(
+        "--prompt-lookup",
+        type=int,
+        default=None,
+        metavar="K",
+        help="speculative decoding by prompt lookup: up to K tokens copied from the text so far",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="prompt + output tokens per request at most (default: the model's context)",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        choices=("hash", "radix"),
+        default="hash",
+        help="prefix cache: hash (whole blocks, default) or radix (a token radix tree, to the token)",
     )
     p.add_argument("--num-blocks", type=int, default=256, help="KV pool size in blocks (default: 256)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")

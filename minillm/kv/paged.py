@@ -308,6 +308,14 @@ class PagedKVBatch:
         self.tables = table_tensor(block_tables, pool.k.device)  # (B, M)
         self.length = 0
 
+    @classmethod
+    def from_tables(cls, pool: KVPool, tables: Tensor) -> PagedKVBatch:
+        """The same over block tables already padded into a tensor (B, M) (a rank of a
+        tensor-parallel engine receives them so)."""
+        batch = cls(pool, [[]])
+        batch.tables = tables.to(pool.k.device)
+        return batch
+
     @property
     def batch_size(self) -> int:
         return self.tables.shape[0]

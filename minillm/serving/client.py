@@ -37,15 +37,21 @@ HTTPX = "the HTTP client needs httpx: pip install httpx"
 
 @contextmanager
 def server_process(
-    model: str = DEFAULT_MODEL, max_batch: int = 16, threads: int | None = None, timeout: float = 120.0
+    model: str = DEFAULT_MODEL,
+    max_batch: int = 16,
+    threads: int | None = None,
+    timeout: float = 120.0,
+    options: Sequence[str] = (),
 ) -> Iterator[str]:
     """``python -m minillm serve`` in a process of its own, on a free port of 127.0.0.1: yields its
     URL once it answers /health (within ``timeout`` s); at the end SIGTERM, and a RuntimeError if
-    it does not exit 0. ``threads``: its CPU threads (default: this process' count)."""
+    it does not exit 0. ``threads``: its CPU threads (default: this process' count); ``options``:
+    more of serve's flags, e.g. ("--quantize", "int8", "--compile")."""
     import torch
 
     command = [sys.executable, "-m", "minillm", "serve", "--model", model, "--port", "0", "--max-batch"]
     command += [str(max_batch), "--threads", str(threads or torch.get_num_threads()), "--shutdown-timeout", "2"]
+    command += list(options)
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty server never blocks on it
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
         try:

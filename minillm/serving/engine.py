@@ -99,10 +99,16 @@ class EngineConfig:
     step_cost: StepCost | None = None  # None: each step takes its measured wall-clock time
     prefix_cache: str = "hash"  # "hash": full blocks by hash chain (kv.paged); "radix": a token radix tree (kv.radix)
     speculation: Speculation | None = None  # speculative decoding of the decode rows (serving.speculative)
+    compile: bool = False  # decode steps through torch.compile, batches padded to size buckets (serving.compiled_step)
+    max_model_len: int | None = None  # prompt + max_tokens per request at most (None: the model's context)
 
     def __post_init__(self) -> None:
         if self.prefix_cache not in BLOCK_MANAGERS:
             raise ValueError(f"prefix_cache must be one of {tuple(BLOCK_MANAGERS)}, got {self.prefix_cache!r}")
+        if self.max_model_len is not None and (
+            isinstance(self.max_model_len, bool) or not isinstance(self.max_model_len, int) or self.max_model_len < 1
+        ):
+            raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
         if self.speculation is not None and self.scheduler.policy != "continuous":
             raise ValueError(
                 f"speculative decoding needs the continuous policy (rows accept different numbers of "
@@ -152,13 +158,20 @@ class Engine:
         c = self.config
         if isinstance(model, SimulatedModel) and c.step_cost is None:
             raise ValueError("a SimulatedModel takes no time of its own: give EngineConfig a step_cost")
-        self.pool = KVPool.for_model(model, c.num_blocks, c.block_size)
+        if c.max_model_len is not None and c.max_model_len > model.config.max_seq_len:
+            raise ValueError(
+                f"max_model_len {c.max_model_len} exceeds the model's context length {model.config.max_seq_len}"
+            )
+        self.context = c.max_model_len or model.config.max_seq_len  # prompt + max_tokens per request at most
+        pool_of = getattr(model, "kv_pool", None) or (lambda n, bs: KVPool.for_model(model, n, bs))
+        self.pool = pool_of(c.num_blocks, c.block_size)  # a model held by other processes has its pools there
         self.draft = self._draft_model(draft)
         pools = self.pool if self.draft is None else PoolPair(self.pool, self.draft.pool)
         self.blocks = BLOCK_MANAGERS[c.prefix_cache](c.num_blocks, c.block_size, c.prefix_caching, pools)
         self.scheduler = Scheduler(c.scheduler, self.blocks)
         self.scheduler.lookahead = c.speculation.k if c.speculation is not None else 0
         self._speculation: dict[int, DecodingStats] = {}  # per request in flight
+        self.decode_step = None  # compiled decode steps (EngineConfig.compile)
         self.speculation_total = DecodingStats(c.speculation.k) if c.speculation is not None else None
         self.now = 0.0
         self.steps = self.tokens_fed = 0
@@ -194,7 +207,7 @@ class Engine:
         """Raise RequestTooLargeError (or ValueError) for a request the engine could never serve.
         Its fields are validated again: they may have been changed since it was made."""
         request.validate()
-        n, context = len(request.prompt) + request.max_tokens, self.model.config.max_seq_len
+        n, context = len(request.prompt) + request.max_tokens, self.context
         if n > context:
             raise RequestTooLargeError(
                 f"request {request.id}: prompt {len(request.prompt)} + max_tokens "
@@ -532,6 +545,17 @@ class Engine:
             bar.update(len(self.step()))
         bar.close()
         return [self.outputs[i] for i in ids]
+
+    def warmup(self) -> float:
+        """Compile what ``EngineConfig.compile`` steps through, before a timer starts (or a client
+        waits) -> the seconds it took (0 without compile)."""
+        return self.decode_step.warmup() if self.decode_step is not None else 0.0
+
+    def close(self) -> None:
+        """End what the model runs on beyond this process (a tensor-parallel model's ranks)."""
+        close = getattr(self.model, "close", None)
+        if close is not None:
+            close()
 
     def stats(self) -> dict[str, int]:
         """Counters over the engine's life: steps, tokens fed, preemptions, evictions, copy-on-write copies,

@@ -34,7 +34,6 @@ import torch
 
 from ..core.config import check_field_types
 from ..core.device import hardware_description, threads_label
-from ..runtime import RuntimeOptions, load_model
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig, RequestTooLargeError
 from .logits import prompt_logprobs
@@ -54,7 +53,7 @@ from .openai_api import (
     total_usage,
     usage_chunk_json,
 )
-from .scheduler import SchedulerConfig
+from .options import EngineOptions, build_engine
 from .workload import Request
 
 SERVE_EXTRA = "pip install 'minillm[serve]' (fastapi, uvicorn, prometheus_client, jinja2)"
@@ -78,33 +77,26 @@ def require_serve_extra() -> None:
 
 
 @dataclass(frozen=True)
-class ServerOptions:
-    model: str  # a bundled model's name, a checkpoint directory or a hub id; clients send it as "model"
+class ServerOptions(EngineOptions):
+    """What ``serve`` runs: the engine's options (``serving.options.EngineOptions``: the model, the
+    runtime's techniques, speculation, the context and the pool), and the server's own."""
+
     host: str = "127.0.0.1"  # loopback only by default; 0.0.0.0 serves the network
     port: int = 8000  # 0: any free port (the first printed line says which)
     api_key: str | None = None  # when set, /v1 requests need "Authorization: Bearer <api_key>"
-    max_batch: int = 16  # sequences per engine step at most
-    num_blocks: int = 256  # KV pool, in blocks
-    block_size: int = 16  # tokens per KV block
-    device: str | None = None  # None: the best available
-    dtype: torch.dtype | None = None  # None: as the runtime picks (minillm.runtime.compute_dtype)
     shutdown_timeout: float = 5.0  # seconds requests in flight may take to finish on SIGTERM
     max_body_bytes: int = MAX_BODY_BYTES  # a larger request body is refused (413) before it is read
     served_model_name: str | None = None  # the name clients send as "model" (default: ``model``)
     log_level: str = "info"  # info: an access line per request; warning: errors and warnings only
-    quantize: str | None = None  # weight-only "int8" | "int4" | "fp8", through the runtime
-    group_size: int | None = None  # int4 only
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"model must be a model name or path, got {self.model!r}")
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host must be an address such as 127.0.0.1, got {self.host!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string or None")
-        check_field_types(self, ints=("max_batch", "num_blocks", "block_size", "max_body_bytes"))
+        check_field_types(self, ints=("max_body_bytes",))
         name = self.served_model_name
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise ValueError(f"served_model_name must be a non-empty string or None, got {name!r}")
@@ -113,13 +105,7 @@ class ServerOptions:
         t = self.shutdown_timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"shutdown_timeout must be a finite number of seconds >= 0, got {t!r}")
-        self.runtime_options()  # the runtime refuses what does not compose, before anything loads
-
-    def runtime_options(self) -> RuntimeOptions:
-        return RuntimeOptions(quantize=self.quantize, group_size=self.group_size, dtype=self.dtype, device=self.device)
-
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig(self.num_blocks, self.block_size, scheduler=SchedulerConfig("continuous", self.max_batch))
+        super().__post_init__()  # the engine's and the runtime's checks: what does not compose is refused
 
 
 def model_info(name: str, tokenizer, engine: Engine) -> ModelInfo:
@@ -135,7 +121,7 @@ def model_info(name: str, tokenizer, engine: Engine) -> ModelInfo:
         "max_batch": config.scheduler.max_batch,
     }
     c, pool = model.config, config.num_blocks * config.block_size
-    return ModelInfo(name, tokenizer, c.vocab_size, c.max_seq_len, c.eos_ids, kv_pool_tokens=pool, served_on=served_on)
+    return ModelInfo(name, tokenizer, c.vocab_size, engine.context, c.eos_ids, kv_pool_tokens=pool, served_on=served_on)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -611,33 +597,40 @@ def configure_logging(level: str) -> None:
     logging.getLogger("uvicorn").setLevel(level.upper())
 
 
-def warm_up(model, block_size: int) -> None:
-    """One tiny request through a throwaway engine: the first forward's one-off costs stay out of
-    the first client's latency."""
-    Engine(model, EngineConfig(num_blocks=2, block_size=block_size)).run([Request([0], 2)])
+def warm_up(engine: Engine) -> None:
+    """The first forward's one-off costs (and compiling, with ``--compile``) kept out of the first
+    client's latency: the engine compiles its graphs, then one tiny request runs through a throwaway
+    engine on the same model (a tensor-parallel model's ranks warm up on their first step)."""
+    engine.warmup()
+    if not getattr(engine.model, "remote", False):
+        Engine(engine.model, EngineConfig(num_blocks=2, block_size=engine.config.block_size)).run([Request([0], 2)])
 
 
 def run_server(options: ServerOptions) -> int:
     """Load the model, print where it is served, and serve until SIGINT/SIGTERM; returns 0."""
     require_serve_extra()
     configure_logging(options.log_level)
-    model, tokenizer = load_model(options.model, options.runtime_options())
-    engine = AsyncEngine(Engine(model, options.engine_config()))
-    warm_up(model, options.block_size)
-    name = options.served_model_name or options.model
-    shown = options.model if name == options.model else f"{options.model} as {name!r}"
-    app = create_app(engine, name, tokenizer, options.api_key, options.max_body_bytes)
-    sock = bind(options.host, options.port)
-    host = f"[{options.host}]" if ":" in options.host else options.host
-    where = f"{model.device.type}, {str(model.dtype).removeprefix('torch.')}"
-    if model.device.type == "cpu":
-        where += f", {threads_label(torch.get_num_threads())}"
-    print(
-        f"serving {shown} on http://{host}:{sock.getsockname()[1]} ({where}; max batch "
-        f"{options.max_batch}, {options.num_blocks} KV blocks of {options.block_size} tokens)",
-        flush=True,
-    )
-    drain = lambda: engine.shutdown(timeout=0)  # noqa: E731
-    make_server(app, options.shutdown_timeout, drain, options.log_level).run(sockets=[sock])
+    served, tokenizer = build_engine(options)  # refuses a draft or a max_model_len that does not fit
+    try:
+        model = served.model
+        warm_up(served)
+        engine = AsyncEngine(served)
+        name = options.served_model_name or options.model
+        shown = options.model if name == options.model else f"{options.model} as {name!r}"
+        app = create_app(engine, name, tokenizer, options.api_key, options.max_body_bytes)
+        sock = bind(options.host, options.port)
+        host = f"[{options.host}]" if ":" in options.host else options.host
+        where = f"{model.device.type}, {str(model.dtype).removeprefix('torch.')}"
+        if model.device.type == "cpu":
+            where += f", {threads_label(torch.get_num_threads())}"
+        print(
+            f"serving {shown} on http://{host}:{sock.getsockname()[1]} ({where}; {options.describe()}; "
+            f"max batch {options.max_batch}, {options.num_blocks} KV blocks of {options.block_size} tokens)",
+            flush=True,
+        )
+        drain = lambda: engine.shutdown(timeout=0)  # noqa: E731
+        make_server(app, options.shutdown_timeout, drain, options.log_level).run(sockets=[sock])
+    finally:
+        served.close()  # a tensor-parallel model's ranks end with the server
     print("server stopped", file=sys.stderr, flush=True)
     return 0

@@ -13,13 +13,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 from ..core.generate import resolve_eos
 from ..core.sampling import SamplingParams
-from ..runtime import RuntimeOptions, load_model
-from .engine import Engine, EngineConfig
-from .scheduler import SchedulerConfig
+from .options import EngineOptions, build_engine
 from .workload import Request
 
 
@@ -35,27 +31,26 @@ class Completion:
 class LLM:
     """A model on the engine for batch use: ``generate(prompts, sampling, max_tokens)``.
 
-    ``quantize``, ``group_size``, ``dtype`` and ``device`` are the runtime's (``RuntimeOptions``);
-    ``max_batch``, ``num_blocks``, ``block_size`` and ``prefix_caching`` the engine's."""
+    The keywords are ``EngineOptions``' (``serving.options``): the runtime's ``quantize``,
+    ``group_size``, ``dtype``, ``compile``, ``tensor_parallel``, ``device``; speculation
+    (``speculative_model`` and ``num_speculative_tokens``, or ``prompt_lookup``); ``max_model_len``,
+    ``max_batch``, ``num_blocks``, ``block_size`` and ``prefix_cache``. ``close()`` (or ``with``)
+    ends a tensor-parallel model's ranks."""
 
-    def __init__(
-        self,
-        model: str | os.PathLike,
-        *,
-        quantize: str | None = None,
-        group_size: int | None = None,
-        dtype: torch.dtype | None = None,
-        device: str | None = None,
-        max_batch: int = 16,
-        num_blocks: int = 256,
-        block_size: int = 16,
-        prefix_caching: bool = True,
-    ):
-        options = RuntimeOptions(quantize=quantize, group_size=group_size, dtype=dtype, device=device)
-        self.engine_config = EngineConfig(
-            num_blocks, block_size, prefix_caching, SchedulerConfig("continuous", max_batch)
-        )
-        self.model, self.tokenizer = load_model(model, options)
+    def __init__(self, model: str | os.PathLike, **options):
+        self.options = EngineOptions(str(model), **options)
+        self.engine, self.tokenizer = build_engine(self.options)
+        self.engine.warmup()
+        self.model = self.engine.model
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(
         self,
@@ -71,8 +66,10 @@ class LLM:
         ids = [self._encode(p) for p in prompts]
         params = sampling or SamplingParams()
         stop = resolve_eos("config", self.model.config)
-        requests = [Request(p, max_tokens, params=params, stop_ids=stop, id=i) for i, p in enumerate(ids)]
-        outputs = Engine(self.model, self.engine_config).run(requests)
+        requests = [Request(p, max_tokens, params=params, stop_ids=stop) for p in ids]
+        outputs = self.engine.run(requests)
+        for out in outputs:  # kept by the engine until taken: this call takes them
+            self.engine.outputs.pop(out.request.id, None)
         return [
             Completion(prompt, out.tokens, self._decode(out.tokens), out.finish_reason, out.error)
             for prompt, out in zip(prompts, outputs)
