@@ -105,6 +105,7 @@ BENCHMARKS = {
     "compression",
     "disagg",
     "serve",
+    "serve-stack",
     "parallel",
     "capstone",
 }

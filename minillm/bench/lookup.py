@@ -29,13 +29,19 @@ def copy_task_prompts(
       again, as in a chat asked to answer again or revise (the answer is in the prompt).
     """
     free = corpus.corpus_prompts(tokenizer, n, prompt_len)
-    text = corpus.load_text("valid")
-    methods = [m for m in re.findall(r"\n(    def \w+\(.*?\n)(?=\n    def )", text, re.S) if 200 < len(m) < 700]
-    chosen = methods[:: max(1, len(methods) // n)][:n]
-    rewrite = [tokenizer.encode(m.rstrip("\n") + "\n\n" + m.split("\n")[0]) for m in chosen]
+    rewrite = method_rewrites(tokenizer, n)
     sep = tokenizer.encode("\n\n")
     regenerate = [p + generate(model, p, new_tokens, eos_token_id=None).tokens[0].tolist() + sep + p for p in free]
     return {"free": free, "rewrite a function": rewrite, "regenerate an answer": regenerate}
+
+
+def method_rewrites(tokenizer: Tokenizer, n: int | None = None) -> list[list[int]]:
+    """A method's source from the validation split, then its ``def`` line again: the prompt of a
+    request to rewrite it. ``n`` of them spread over the split (None: every one, 66)."""
+    text = corpus.load_text("valid")
+    methods = [m for m in re.findall(r"\n(    def \w+\(.*?\n)(?=\n    def )", text, re.S) if 200 < len(m) < 700]
+    chosen = methods if n is None else methods[:: max(1, len(methods) // n)][:n]
+    return [tokenizer.encode(m.rstrip("\n") + "\n\n" + m.split("\n")[0]) for m in chosen]
 
 
 def lookup_by_task(

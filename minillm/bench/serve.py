@@ -50,6 +50,7 @@ from ..serving.workload import Request, chat_trace, requests_from_trace
 from .batching import SIGMA
 
 PS = (50, 90, 99)
+PROMPT_KINDS = ("random", "edits")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class ServeBench:
     slo: SLO = field(default_factory=lambda: SLO(ttft=0.5, tpot=0.05))
     startup_timeout: float = 120.0  # seconds for a started server to answer /health
     progress: bool = False
+    server_flags: tuple[str, ...] = ()  # more of the started server's flags, e.g. ("--quantize", "int8")
+    prompts: str = "random"  # "random" prompt ids, or "edits": code to rewrite (``edit_prompts``)
 
     def __post_init__(self) -> None:
         check_field_types(
@@ -81,6 +84,10 @@ class ServeBench:
             raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         if min(self.prompt_median, self.output_median) < 1 or self.max_len < 2:
             raise ValueError("prompt_median and output_median must be >= 1 token, max_len >= 2")
+        if self.prompts not in PROMPT_KINDS:
+            raise ValueError(f"prompts must be one of {PROMPT_KINDS}, got {self.prompts!r}")
+        if self.prompts == "edits" and self.url is not None:
+            raise ValueError("prompts='edits' needs the model's tokenizer here: give model, not url")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,18 +130,39 @@ def rate_figures(rate: float, measured: Sequence[Measured], slo: SLO) -> dict:
     }
 
 
-def workload(options: ServeBench, vocab_size: int, run: int, rate: float) -> list[Request]:
+def workload(options: ServeBench, vocab_size: int, run: int, rate: float, edits=None) -> list[Request]:
     """The chat-like requests of one rate: the same lengths at every rate, arrivals scaled, and
-    fresh prompt ids per run (so no run finds another's prompts in the prefix cache)."""
+    fresh prompt ids per run (so no run finds another's prompts in the prefix cache). With
+    ``edits`` (``edit_prompts``), each request's prompt is the next of them instead, after one random
+    token of its own (which keeps the prefix cache out of the comparison), its output length the
+    trace's."""
     o = options
     trace = chat_trace(o.n_requests, rate, o.prompt_median, SIGMA, o.output_median, SIGMA, o.max_len, o.seed)
-    return requests_from_trace(trace, vocab_size, seed=options.seed + 1000 * (run + 1))
+    requests = requests_from_trace(trace, vocab_size, seed=options.seed + 1000 * (run + 1))
+    if edits is None:
+        return requests
+    for i, r in enumerate(requests):
+        prompt = edits[(run * len(requests) + i) % len(edits)][-(o.max_len - r.max_tokens - 1) :]
+        r.prompt = [r.prompt[0], *prompt]
+    return requests
+
+
+def edit_prompts(model: str) -> list[list[int]]:
+    """Prompts whose answers copy them, as a request to edit code does: a method of the corpus's
+    validation split, then its ``def`` line again (chapter 8's "rewrite a function" task)."""
+    from ..bench.lookup import method_rewrites
+    from ..core.checkpoints import resolve
+    from ..core.tokenizer import Tokenizer
+
+    return method_rewrites(Tokenizer.from_dir(resolve(model)))
 
 
 def bench_serve(options: ServeBench) -> dict:
     """Every rate of ``options`` served over HTTP; the figures with where they were measured."""
+    edits = edit_prompts(options.model) if options.prompts == "edits" else None
     if options.url is None:
-        server = server_process(options.model, options.max_batch, options.threads, options.startup_timeout)
+        o = options
+        server = server_process(o.model, o.max_batch, o.threads, o.startup_timeout, o.server_flags)
     else:
         server = nullcontext(options.url.rstrip("/"))
     with server as url:
@@ -149,13 +177,15 @@ def bench_serve(options: ServeBench) -> dict:
             "max_len": options.max_len,
             "seed": options.seed,
             "max_batch": on.get("max_batch"),
+            "prompts": options.prompts,
+            "server_flags": list(options.server_flags),
         }
         figures["slo"] = {"ttft_s": options.slo.ttft, "tpot_s": options.slo.tpot}
         total = options.n_requests * len(options.rates)
         runs = []
         with tqdm(total=total, desc="bench serve", unit="req", disable=not options.progress) as bar:
             for i, rate in enumerate(options.rates):
-                requests = workload(options, card["vocab_size"], i, rate)
+                requests = workload(options, card["vocab_size"], i, rate, edits)
                 runs.append(rate_figures(rate, run_workload(url, card["id"], requests, bar), options.slo))
         figures["runs"] = runs
     return finish_provenance(figures)

@@ -17,7 +17,7 @@ from .figures import run_benchmark
 
 
 def add_process_benchmarks(kinds) -> None:
-    for add in (add_disagg, add_serve, add_parallel, add_capstone):
+    for add in (add_disagg, add_serve, add_serve_stack, add_parallel, add_capstone):
         add(kinds)
 
 
@@ -191,3 +191,53 @@ def add_capstone(kinds) -> None:
         help="arrival rates (requests/s) of the online-against-batch sweep",
     )
     p.add_argument("--sweep-requests", type=int, default=32, help="requests per rate of that sweep")
+
+
+def cmd_bench_serve_stack(args: argparse.Namespace) -> int:
+    from ..bench.serve_stack import ServeStackBench, bench_serve_stack, format_serve_stack, stack_only
+
+    with bad_input():
+        options = ServeStackBench(
+            model=args.model,
+            rates=tuple(args.rate),
+            n_requests=args.requests,
+            prompts=args.prompts,
+            prompt_median=args.prompt_median,
+            output_median=args.output_median,
+            max_batch=args.max_batch,
+            threads=torch.get_num_threads(),
+            slo=SLO(ttft=args.slo_ttft, tpot=args.slo_tpot),
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
+        if args.only:
+            unknown = set(args.only) - {name for name, _ in options.stack}
+            if unknown:
+                raise ValueError(f"--only names no configuration {sorted(unknown)}: {[n for n, _ in options.stack]}")
+            options = stack_only(options, tuple(args.only))
+    names = ", ".join(name for name, _ in options.stack)
+    what = f"{args.model} served as {names}, each at {list(options.rates)} req/s ({where('cpu')})..."
+    errors = (ImportError, RuntimeError, ValueError)
+    return run_benchmark(args, what, lambda: bench_serve_stack(options), format_serve_stack, errors)
+
+
+def add_serve_stack(kinds) -> None:
+    p = common.add_benchmark(
+        kinds,
+        "serve-stack",
+        "the server with each technique, then all: highest goodput within the SLO vs eager fp32",
+        cmd_bench_serve_stack,
+        common.model_option("the model every server serves"),
+        common.workload_options(32, [4.0, 8.0, 16.0, 32.0], seed=0),
+        common.lengths_options(64, 48),
+        common.max_batch_option(8),
+        common.slo_options(0.5, 0.05),
+        common.progress_option(),
+    )
+    p.add_argument(
+        "--prompts",
+        choices=("edits", "random"),
+        default="edits",
+        help="edits (default): code to rewrite, answers that copy the prompt; random: prompt ids with nothing to copy",
+    )
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="these configurations only (and eager fp32)")

@@ -176,9 +176,10 @@ def shape_option(role: str, default: str) -> argparse.ArgumentParser:
     return p
 
 
-def max_batch_option() -> argparse.ArgumentParser:
+def max_batch_option(default: int = 16) -> argparse.ArgumentParser:
     p = parent()
-    p.add_argument("--max-batch", type=int, default=16, help="sequences per engine step at most (default: 16)")
+    help_ = f"sequences per engine step at most (default: {default})"
+    p.add_argument("--max-batch", type=int, default=default, help=help_)
     return p
 
 

@@ -139,3 +139,49 @@ def test_what_http_adds_is_never_printed_as_a_signed_zero():
 
     assert _added(0.004, "TPOT") == _added(-0.004, "TPOT") == "under 0.01 ms TPOT"
     assert _added(0.02, "TPOT") == "+0.02 ms TPOT" and _added(-0.25, "TPOT") == "-0.25 ms TPOT"
+
+
+# --- bench serve-stack: each technique's server, then all, swept -------------------------------
+
+
+def test_edit_prompts_follow_a_random_token_of_their_own():
+    from minillm.bench.serve import edit_prompts
+
+    edits = edit_prompts("minillm-draft")
+    options = ServeBench(model="minillm-draft", n_requests=8, prompts="edits", max_len=96)
+    requests = workload(options, 4096, run=1, rate=4.0, edits=edits)
+    for i, r in enumerate(requests):
+        body = edits[(8 + i) % len(edits)]
+        assert r.prompt[1:] == body[-(96 - r.max_tokens - 1) :] and len(r.prompt) + r.max_tokens <= 96
+    assert len({r.prompt[0] for r in requests}) > 1  # their own first token: no shared prefix
+
+
+def test_serve_stack_rows_against_the_baseline(capsys, tmp_path):
+    from minillm.bench.serve_stack import STACK, ServeStackBench, bench_serve_stack, format_serve_stack
+
+    stack = (STACK[0], ("prompt lookup K=2", ("--prompt-lookup", "2")))
+    options = ServeStackBench(
+        model="minillm-draft", stack=stack, rates=(4.0, 50.0), n_requests=4, output_median=8, max_len=128
+    )
+    figures = bench_serve_stack(options)
+    rows = figures["rows"]
+    assert [r["config"] for r in rows] == ["eager fp32", "prompt lookup K=2"] and rows[0]["vs_eager"] == 1.0
+    for r, c in zip(rows, figures["configs"]):
+        runs = c["figures"]["runs"]
+        assert r["best_goodput_rps"] == max(run["client"]["goodput_rps"] for run in runs)
+        assert c["figures"]["workload"]["server_flags"] == c["flags"]
+    table = format_serve_stack(figures)
+    assert "prompt lookup K=2" in table and max(len(line) for line in table.splitlines()) <= 88
+    json.dumps(figures)
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--only", "no such thing"], ["--only names no configuration"]),
+        (["--prompts", "edits", "--rate", "0"], ["rates must be positive"]),
+    ],
+)
+def test_serve_stack_refuses_bad_options_in_one_line(argv, words, capsys):
+    status, _, err = run_main(["bench", "serve-stack", *argv, "--no-save"], capsys)
+    assert_one_line_error(status, err, *words)
