@@ -43,7 +43,7 @@ ALLOWED = {
     "decoding": {"core", "training"},
     "parallel": {"core", "measure"},
     "runtime": {"core", "compression"},
-    "serving": {"core", "kv", "measure", "decoding", "parallel", "runtime"},
+    "serving": {"core", "decoding", "kernels", "kv", "measure", "parallel", "runtime"},
     "export": {"core", "compression", "runtime"},
     "bench": {
         "core",

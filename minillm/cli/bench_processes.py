@@ -228,7 +228,7 @@ def add_serve_stack(kinds) -> None:
         "the server with each technique, then all: highest goodput within the SLO vs eager fp32",
         cmd_bench_serve_stack,
         common.model_option("the model every server serves"),
-        common.workload_options(32, [4.0, 8.0, 16.0, 32.0], seed=0),
+        common.workload_options(32, [1.0, 2.0, 4.0, 8.0], seed=0),
         common.lengths_options(64, 48),
         common.max_batch_option(8),
         common.slo_options(0.5, 0.05),

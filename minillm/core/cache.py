@@ -10,6 +10,10 @@
   after a rejected speculative draft).
 - ``wants_attention`` / ``record_attention(layer, probs)``: a cache that evicts by attention
   (heavy hitters) asks for each layer's attention probabilities; the others ignore them.
+- optionally ``attends`` / ``attend(layer, q, k, v)``: a cache with an attention kernel of its
+  own (the paged decode step of ``minillm.serving.compiled_step``) stores the new keys and values
+  and attends to everything in its own layout; the model then calls ``attend`` instead of
+  ``update`` and its own attention.
 
 ``KVCache`` is the contiguous kind of chapter 4, preallocated as in gpt-fast, on ``SlotBuffers``
 (the K/V buffers and the position of each slot). The compressed kinds of chapter 5 are in

@@ -106,6 +106,9 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, self.head_dim).transpose(1, 2)  # (B, H+2Hkv, T, hd)
         qk = apply_rope(qkv[:, : H + Hkv], cos, sin)  # queries and keys rotated in one go
         q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]  # (B, H, T, hd), (B, Hkv, T, hd), (B, Hkv, T, hd)
+        if cache is not None and getattr(cache, "attends", False):  # it writes k, v and attends in its own layout
+            y = cache.attend(self.layer_idx, q, k, v)  # (B, H, T, hd), e.g. a paged-attention kernel
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, S, hd): every key so far
         if cache is not None and cache.wants_attention:

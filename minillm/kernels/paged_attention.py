@@ -212,3 +212,18 @@ def paged_attention_decode_triton(
         num_stages=1 if interpreting() else 2,
     )
     return combine_splits(m_part, l_part, acc_part, q.dtype) if splits > 1 else out
+
+
+@torch.library.custom_op("minillm::paged_attention_decode", mutates_args=())
+def paged_attention_decode_op(
+    q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, context_lens: Tensor
+) -> Tensor:
+    """``paged_attention_decode_triton`` as one opaque op that ``torch.compile`` puts in its graph
+    as it is (a CUDA graph captures its launch), rather than tracing its Python. The output is
+    contiguous, whatever the layout of ``q``."""
+    return paged_attention_decode_triton(q.contiguous(), k_pool, v_pool, block_tables, context_lens)
+
+
+@paged_attention_decode_op.register_fake
+def _(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_tables: Tensor, context_lens: Tensor) -> Tensor:
+    return q.new_empty(q.shape)

@@ -164,14 +164,15 @@ class Engine:
             )
         self.context = c.max_model_len or model.config.max_seq_len  # prompt + max_tokens per request at most
         pool_of = getattr(model, "kv_pool", None) or (lambda n, bs: KVPool.for_model(model, n, bs))
-        self.pool = pool_of(c.num_blocks, c.block_size)  # a model held by other processes has its pools there
+        scratch = 1 if c.compile else 0  # a compiled step's padding rows write into one block past the table's
+        self.pool = pool_of(c.num_blocks + scratch, c.block_size)  # a model held by other processes has its pools there
         self.draft = self._draft_model(draft)
         pools = self.pool if self.draft is None else PoolPair(self.pool, self.draft.pool)
         self.blocks = BLOCK_MANAGERS[c.prefix_cache](c.num_blocks, c.block_size, c.prefix_caching, pools)
         self.scheduler = Scheduler(c.scheduler, self.blocks)
         self.scheduler.lookahead = c.speculation.k if c.speculation is not None else 0
         self._speculation: dict[int, DecodingStats] = {}  # per request in flight
-        self.decode_step = None  # compiled decode steps (EngineConfig.compile)
+        self.decode_step = self._compiled_step() if c.compile else None  # EngineConfig.compile
         self.speculation_total = DecodingStats(c.speculation.k) if c.speculation is not None else None
         self.now = 0.0
         self.steps = self.tokens_fed = 0
@@ -200,6 +201,18 @@ class Engine:
             return None
         check_draft(self.model.config, draft)
         return DraftModel(draft, c.num_blocks, c.block_size)
+
+    def _compiled_step(self):
+        """The decode step compiled per batch bucket (``serving.compiled_step``); its padding rows
+        write into the pool's last block, which the block manager never hands out."""
+        from .compiled_step import PagedDecodeStep  # torch.compile is imported only when asked for
+
+        if isinstance(self.model, SimulatedModel) or getattr(self.model, "remote", False):
+            raise ValueError("compile needs the model in this process (not a SimulatedModel or tensor-parallel ranks)")
+        c = self.config
+        return PagedDecodeStep(
+            self.model, self.pool, c.scheduler.max_batch, scratch_block=c.num_blocks, max_len=self.context
+        )
 
     # -- requests in ---------------------------------------------------------------------------
 
@@ -342,10 +355,20 @@ class Engine:
         return 1.0 - self.kv_tokens_stored / self.kv_slots_held if self.kv_slots_held else 0.0
 
     def _forward(self, work: list[Work], padding_rows: int = 0) -> Tensor:
-        """The model over the rows of one step (plus empty rows) -> the logits after each row's last token (B, V)."""
+        """The model over the rows of one step (plus empty rows) -> the logits after each row's last token (B, V).
+        Decode rows go through the compiled step when there is one."""
+        if self.decode_step is not None and not padding_rows and all(w.n == 1 for w in work):
+            return self._decode_compiled([w.seq for w in work])
         ids, positions = batch_inputs(work, self.model.device, padding_rows)
         tables = [self.blocks.table(w.seq.id) for w in work] + [[]] * padding_rows
         return self.model(ids, positions, PagedKVBatch(self.pool, tables), last_only=True)[: len(work), -1]
+
+    def _decode_compiled(self, seqs: list[SequenceState]) -> Tensor:
+        """One token per sequence (its last, at position num_computed) through the compiled step."""
+        positions = [s.num_computed for s in seqs]
+        return self.decode_step(
+            [s.tokens[p] for s, p in zip(seqs, positions)], positions, [self.blocks.table(s.id) for s in seqs]
+        )
 
     def _fed(self, work: list[Work]) -> tuple[int, int, int, int]:
         """What a step feeds: (decode rows with a static batch's padding rows, padding rows, prompt
@@ -416,9 +439,15 @@ class Engine:
             proposals = lookup_proposals(seqs, ks, self.config.speculation)
         for w, (draft, _) in zip(work, proposals):
             w.proposed = len(draft)
+        if self.decode_step is not None and not any(d for d, _ in proposals):  # nothing to verify: a plain step
+            return self._accept(seqs, proposals, self._decode_compiled(seqs)[:, None])  # (B, 1, V)
         ids, positions = verify_inputs(seqs, [d for d, _ in proposals], self.model.device)
-        logits = self.model(ids, positions, PagedKVBatch(self.pool, tables))  # (B, T, V)
-        T = ids.shape[1]
+        return self._accept(seqs, proposals, self.model(ids, positions, PagedKVBatch(self.pool, tables)))
+
+    def _accept(self, seqs: list[SequenceState], proposals: list, logits: Tensor) -> list[list[int] | Exception]:
+        """Chapter 7's rule row by row on the verify forward's logits (B, T, V), each row's last
+        k + 1 positions at its k proposals and after them -> each row's new tokens."""
+        T = logits.shape[1]
         out: list[list[int] | Exception] = []
         for i, (seq, (draft, q)) in enumerate(zip(seqs, proposals)):
             r = seq.request

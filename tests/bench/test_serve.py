@@ -169,7 +169,7 @@ def test_serve_stack_rows_against_the_baseline(capsys, tmp_path):
     for r, c in zip(rows, figures["configs"]):
         runs = c["figures"]["runs"]
         assert r["best_goodput_rps"] == max(run["client"]["goodput_rps"] for run in runs)
-        assert c["figures"]["workload"]["server_flags"] == c["flags"]
+        assert c["figures"]["workload"]["server_flags"] == [*c["flags"], "--max-model-len", "128"]
     table = format_serve_stack(figures)
     assert "prompt lookup K=2" in table and max(len(line) for line in table.splitlines()) <= 88
     json.dumps(figures)

@@ -32,10 +32,13 @@ def expected(model, work) -> list[list[int]]:
     return [minillm.generate(model, p, n, eos_token_id=None).tokens[0].tolist() for p, n in work]
 
 
-def served(options: EngineOptions, work) -> tuple[list[list[int]], dict]:
+def served(options: EngineOptions, work, warm: bool = False) -> tuple[list[list[int]], dict]:
+    """Greedy tokens of ``work`` from the engine ``options`` build (``warm``: its graphs compiled
+    first; else each compiles when first used) and its counters."""
     engine, _ = build_engine(options)
     try:
-        engine.warmup()
+        if warm:
+            engine.warmup()
         outs = engine.run([Request(p, n) for p, n in work])
         assert all(o.error is None for o in outs), [o.error for o in outs]
         return [o.tokens for o in outs], engine.stats() | {"model": engine.model}
@@ -68,10 +71,11 @@ def test_greedy_equals_generate_with_the_same_options(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("quantize", [None, "int8"])
 def test_compiled_greedy_equals_generate(quantize):
-    options = EngineOptions("minillm-target", device="cpu", compile=True, quantize=quantize, **SMALL_POOL)
+    pool = dict(max_batch=2, num_blocks=12, block_size=4)  # two batch buckets, three read widths; preempting
+    options = EngineOptions("minillm-target", device="cpu", compile=True, quantize=quantize, max_model_len=256, **pool)
     _, tokenizer = minillm.load("minillm-target")
     work = ragged(tokenizer, 6)
-    tokens, stats = served(options, work)
+    tokens, stats = served(options, work, warm=quantize is None)
     assert tokens == expected(stats["model"], work) and stats["preemptions"] > 0
 
 
@@ -157,12 +161,14 @@ def openai_answer(url: str, model: str, prompt: str, n: int) -> str:
 
 @pytest.mark.slow
 def test_serve_quantized_compiled_with_prompt_lookup_answers_the_openai_client():
-    flags = ["--quantize", "int8", "--compile", "--prompt-lookup", "8", "--num-blocks", "64"]
-    options = EngineOptions("minillm-target", device="cpu", quantize="int8", compile=True, prompt_lookup=8)
+    flags = ["--quantize", "int8", "--compile", "--prompt-lookup", "8", "--num-blocks", "64", "--max-model-len", "256"]
+    options = EngineOptions(
+        "minillm-target", device="cpu", quantize="int8", compile=True, prompt_lookup=8, max_model_len=256, max_batch=2
+    )
     engine, tokenizer = build_engine(options)
     prompt = PROMPTS[1] * 2
     (want,) = engine.run([Request(tokenizer.encode(prompt), 24)])
-    with server_process("minillm-target", max_batch=4, threads=1, timeout=600, options=flags) as url:
+    with server_process("minillm-target", max_batch=2, threads=1, timeout=600, options=flags) as url:
         assert openai_answer(url, "minillm-target", prompt, 24) == tokenizer.decode(want.tokens)
 
 
