@@ -66,9 +66,7 @@ class EngineOptions:
                 "num_speculative_tokens needs speculative_model (prompt lookup takes its K as prompt_lookup)"
             )
         if self.tensor_parallel > 1 and self.compile:  # said here in the engine's words, not the runtime's
-            raise ValueError(
-                "tensor parallelism with compile is not supported: the ranks step eagerly; drop one"
-            )
+            raise ValueError("tensor parallelism with compile is not supported: the ranks step eagerly; drop one")
         self.runtime_options()  # the runtime refuses what does not compose
         self.engine_config()
 
