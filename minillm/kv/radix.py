@@ -90,8 +90,9 @@ class RadixTree:
     # -- lookup --------------------------------------------------------------------------------
 
     def match(self, tokens: Sequence[int]) -> tuple[list[int], int]:
-        """The blocks of the longest cached prefix of ``tokens`` and its length in tokens. The
-        last block may match only partly (then the length is not a multiple of block_size)."""
+        """The blocks of the longest cached prefix of ``tokens`` and its length in tokens.
+        The last block may match only partly (then the length is not a multiple of
+        block_size)."""
         node, blocks, n = self.root, [], 0
         while True:
             self._touch(node)

@@ -429,8 +429,9 @@ class Engine:
             return e
 
     def _speculate(self, work: list[Work]) -> list[list[int] | Exception]:
-        """Speculative decoding of the decode rows (``serving.speculative``): propose, verify all
-        rows in one forward of (B, K + 1), accept row by row -> each row's new tokens."""
+        """Speculative decoding of the decode rows (``serving.speculative``): propose,
+        verify all rows in one forward of (B, K + 1), accept row by row -> each row's
+        new tokens."""
         seqs, ks = [w.seq for w in work], [w.lookahead for w in work]
         tables = [self.blocks.table(s.id) for s in seqs]
         if self.draft is not None:

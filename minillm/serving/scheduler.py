@@ -164,8 +164,9 @@ class Scheduler:
         return work
 
     def _lookahead(self, seq: SequenceState, n: int, budget: float) -> int:
-        """Slots for a decode row's proposals: at most ``lookahead``, one fewer than the tokens it
-        may still make (the verify forward always makes one more), and what the step's budget leaves."""
+        """Slots for a decode row's proposals: at most ``lookahead``, one fewer than the
+        tokens it may still make (the verify forward always makes one more), and what
+        the step's budget leaves."""
         if n != 1 or not self.lookahead:
             return 0
         left = seq.request.max_tokens - len(seq.outputs) - 1
