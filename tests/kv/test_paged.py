@@ -191,9 +191,10 @@ def test_paged_forward_in_ragged_chunks_equals_the_model_without_a_cache(lengths
     """Rows of different lengths, fed ``chunk`` tokens per forward into scattered blocks, give
     every row the logits of its whole sequence run alone."""
     model = tiny_model()
-    pool = KVPool.for_model(model, 64, block_size)
-    bm = BlockManager(64, block_size, pool=pool)
-    free_order = torch.randperm(64, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_blocks = 96  # four rows of 20 tokens at block size 1 need 80
+    pool = KVPool.for_model(model, n_blocks, block_size)
+    bm = BlockManager(n_blocks, block_size, pool=pool)
+    free_order = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
     bm.allocator.free.clear()
     bm.allocator.free.extend(free_order)  # scatter the blocks over the pool
     seqs = [random_tokens(n, seed + i) for i, n in enumerate(lengths)]
