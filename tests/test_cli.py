@@ -147,9 +147,18 @@ def test_a_shared_option_has_one_help_text_wherever_it_appears():
         for action in parser._actions:
             for flag in action.option_strings:
                 helps[flag].add(action.help)
-    for flag in ("--device", "--threads", "--json", "--no-progress", "--quantize", "--group-size", "--max-batch"):
+    for flag in ("--device", "--threads", "--json", "--no-progress", "--quantize", "--group-size"):
         assert len(helps[flag]) == 1, (flag, helps[flag])
-    for flag in ("--repeats", "--new-tokens", "--prompt-len", "--slo-ttft", "--slo-tpot", "--requests", "--no-save"):
+    for flag in (
+        "--repeats",
+        "--new-tokens",
+        "--prompt-len",
+        "--slo-ttft",
+        "--slo-tpot",
+        "--requests",
+        "--no-save",
+        "--max-batch",
+    ):
         assert len({re.sub(r"\(default: .*\)$|bench_\w+|uptrain_gqa", "", h) for h in helps[flag]}) == 1, flag
         assert len(helps[flag]) > 1, f"{flag} is taken by one command only: nothing shared"
     models = helps["--model"] | helps["--target"] | helps["--draft"]

@@ -24,12 +24,16 @@ graph input makes the compiler copy the whole input). The attention, ``attention
   with its own attention (SDPA), as under ``PagedKVBatch``;
 - "reference": the model hands its queries to the cache (``cache.attend``, since the cache
   ``attends``), which attends through ``kv.paged.paged_attention_decode``: the same gather, then
-  matmuls and a softmax that the compiler fuses into its own loops. On the CPU this is the
-  default: SDPA's CPU kernel serves one query per row poorly (minillm-target, batch 8, one
-  thread: 10-20% faster at 64-200 tokens of context, 1.7-2.2x at 600-1000; a tie at batch 1);
+  matmuls and a softmax that the compiler fuses into its own loops. Compiled on the CPU this is
+  the default: SDPA's CPU kernel serves one query per row poorly (minillm-target, batch 8, one
+  thread: 10-20% faster at 64-200 tokens of context, 1.7-2.2x at 600-1000; a tie at batch 1).
+  Eagerly, unfused, it is the slower one (2x at batch 8): there "gather" is the default;
 - "triton": ``cache.attend`` runs the Triton paged-attention kernel, which reads the pool in
   place: nothing is gathered and the read width is not bucketed (the kernel stops at each row's
   context length), so one graph per batch bucket is enough. The default on CUDA.
+
+The two through ``attend`` attend to each row's whole context: a model with a sliding window
+gets "gather", whose mask the model builds with its window.
 
 Compiling follows ``core.compiled.CompiledForward``: ``torch.compile(fullgraph=True,
 dynamic=False)``, on CUDA with ``mode="reduce-overhead"`` (CUDA graphs, outputs cloned), on the
@@ -67,8 +71,9 @@ def powers_of_two(top: int, smallest: int = 1) -> tuple[int, ...]:
 def read_widths(max_blocks: int, block_size: int, smallest_tokens: int = SMALLEST_READ) -> tuple[int, ...]:
     """The read widths (in blocks) a gathering step compiles: powers of two times the fewest blocks
     that hold ``smallest_tokens``, up to ``max_blocks``. Each doubling of what is gathered costs a
-    CPU more (minillm-target, batch 8: 7.6 ms at 8 blocks of 16 tokens, 11.5 at 16, 16 at 32, 50 at
-    64) but below 64 tokens little (5.9 ms at 1 block), not worth a graph per batch bucket."""
+    CPU more (minillm-target compiled, batch 8, "gather", one thread of an AMD EPYC: 7.6 ms at 8
+    blocks of 16 tokens, 11.5 at 16, 16 at 32, 50 at 64) but below 64 tokens little (5.9 ms at 1
+    block), not worth a graph per batch bucket."""
     return powers_of_two(max_blocks, min(max_blocks, blocks_for(smallest_tokens, block_size)))
 
 
@@ -156,8 +161,8 @@ class PagedDecodeStep:
     sequence: padding rows write there. ``attention``: "gather" (gather the table's blocks, the
     model's attention), "reference" (the PyTorch paged decode of ``kv.paged`` through the
     ``attend`` hook), "triton" (the Triton kernel through that hook), or "auto": "triton" on
-    CUDA where it runs, else "reference" (see the module's docstring). ``block_buckets``
-    overrides the read widths (in blocks).
+    CUDA where it runs, else "reference" compiled and "gather" eagerly (see the module's
+    docstring). ``block_buckets`` overrides the read widths (in blocks).
     """
 
     def __init__(
@@ -167,7 +172,7 @@ class PagedDecodeStep:
         max_batch: int,
         scratch_block: int,
         compile: bool = True,
-        attention: str = "auto",  # "gather", "reference", "triton"; auto: triton on CUDA, else reference
+        attention: str = "auto",  # "gather", "reference", "triton"; see the module's docstring
         block_buckets: Sequence[int] | None = None,
         max_len: int | None = None,
     ):
@@ -178,8 +183,12 @@ class PagedDecodeStep:
             raise ValueError(f"scratch_block {scratch_block} is not a block of this pool (0..{num_blocks - 1})")
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        windowed = model.config.sliding_window is not None  # the hook's kernels see every key of a row
         if attention == "auto":
-            attention = "triton" if triton_decode_supported(model) is None else "reference"
+            triton = triton_decode_supported(model) is None and not windowed
+            attention = "triton" if triton else "reference" if compile and not windowed else "gather"
+        if attention != "gather" and windowed:
+            raise ValueError(f"attention {attention!r} has no sliding window: use 'gather' for this model")
         self.model, self.pool, self.scratch_block = model, pool, scratch_block
         self.max_batch, self.attention, self.compile = max_batch, attention, compile
         self.device = pool.k.device

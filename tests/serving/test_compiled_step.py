@@ -108,7 +108,7 @@ def test_buckets_and_widths():
     assert read_widths(2, 64) == (1, 2)
     pool = KVPool.for_model(MODEL, NUM_BLOCKS, BLOCK)
     step = PagedDecodeStep(MODEL, pool, 6, SCRATCH, compile=False)
-    assert step.attention == "reference"  # a CPU model: the fused reference attention
+    assert step.attention == "gather"  # a CPU model, eagerly: SDPA (compiled: the fused reference)
     assert step.buckets == (1, 2, 4, 6) and step.block_buckets == (8, 16) and step.graphs == 8
     assert [step.bucket(b) for b in (1, 3, 5, 6)] == [1, 4, 6, 6]
     assert step.warmup() == 0.0  # nothing to compile
@@ -140,6 +140,15 @@ def test_eager_step_matches_paged_batch_bf16():
     model = tiny_model(vocab_size=256, dim=64, n_heads=4, n_kv_heads=2, max_seq_len=128).to(torch.bfloat16)
     pool = KVPool.for_model(model, NUM_BLOCKS, BLOCK)
     check_step_matches_eager(PagedDecodeStep(model, pool, 4, SCRATCH, compile=False), pool, model, atol=0.1)
+
+
+def test_sliding_window_model_gathers_and_is_masked_by_its_window():
+    model = tiny_model(vocab_size=256, dim=64, n_heads=4, n_kv_heads=2, max_seq_len=128, sliding_window=12)
+    pool = KVPool.for_model(model, NUM_BLOCKS, BLOCK)
+    assert PagedDecodeStep(model, pool, 4, SCRATCH, compile=True).attention == "gather"  # nothing compiles yet
+    with pytest.raises(ValueError, match="sliding window"):
+        PagedDecodeStep(model, pool, 4, SCRATCH, compile=False, attention="reference")
+    check_step_matches_eager(PagedDecodeStep(model, pool, 4, SCRATCH, compile=False), pool, model)  # contexts > 12
 
 
 def test_triton_hook_matches_gather():
@@ -180,6 +189,7 @@ def compiled():
 @pytest.mark.slow
 def test_compiled_step_matches_paged_batch(compiled):
     step, pool = compiled
+    assert step.attention == "reference"  # the CPU's default when compiled
     check_step_matches_eager(step, pool)
     check_step_matches_eager(step, pool)  # settled: its guards skipped, the same graph replayed
     assert (4, 8) in step.settled
