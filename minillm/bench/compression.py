@@ -65,6 +65,7 @@ TECHNIQUES = [
     Technique("int4 g128 GPTQ", _quantizer("int4", 128, "gptq"), "calibration", speed_as="int4 g128"),
     Technique("int4 g128 AWQ", _quantizer("int4", 128, "awq"), "calibration", speed_as="int4 g128"),
     Technique("fp8 e4m3", _quantizer("fp8"), "-"),
+    Technique("w8a8", _quantizer("w8a8"), "-"),
     Technique("magnitude 50%", lambda m, c: prune(m, "magnitude", 0.5), "-", speed_as="bf16"),
     Technique("Wanda 50%", lambda m, c: prune(m, "wanda", 0.5, calibration=c), "calibration", speed_as="bf16"),
     Technique("Wanda 2:4", lambda m, c: prune(m, "wanda", 0.5, "2:4", calibration=c), "calibration", speed_as="bf16"),
@@ -97,6 +98,7 @@ class CompressionBench:
     repeats: int = 3  # timed runs of each, taking turns; the median is reported
     matmul_shape: tuple[int, int] = (4096, 4096)  # (out, in) of the single-layer table
     matmul_rows: Sequence[int] = (1, 16, 64, 256)  # tokens per matmul: decode 1, prefill many
+    matmul_formats: Sequence[str] = ()  # the single-layer table's formats; () = MATMUL_FORMATS
     quality_windows: int = 16  # validation windows of 256 tokens for perplexity
     calibration: int = 32  # calibration windows of 256 training tokens (GPTQ, AWQ, Wanda)
     device: str | torch.device | None = None
@@ -106,6 +108,12 @@ class CompressionBench:
 
     def __post_init__(self):
         self.techniques = tuple(self.techniques)
+        self.matmul_formats = tuple(self.matmul_formats) or MATMUL_FORMATS
+        unknown = set(self.matmul_formats) - set(MATMUL_FORMATS) - {BASELINE, "fp32"}
+        if unknown or not {BASELINE, "fp32"} <= set(self.matmul_formats):
+            raise ValueError(
+                f"matmul_formats: {sorted(unknown)} unknown, or fp32 and bf16 missing; from {MATMUL_FORMATS}"
+            )
         for name in self.techniques:
             technique(name)
         for name in ("context", "new_tokens", "repeats", "quality_windows", "calibration"):
@@ -125,7 +133,7 @@ class CompressionBench:
 # One layer: where weight-only quantization pays and where it costs
 
 
-MATMUL_FORMATS = ("fp32", "bf16", "int8", "int4 g128", "int4 g32", "fp8 e4m3")
+MATMUL_FORMATS = ("fp32", "bf16", "int8", "int4 g128", "int4 g32", "fp8 e4m3", "w8a8")
 
 
 def _format_layer(name: str, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -162,7 +170,7 @@ def matmul_times(o: CompressionBench) -> list[dict]:
     n, k = o.matmul_shape
     copies = matmul_copies(o.matmul_shape)
     weights = [torch.randn(n, k, device=o.device) * 0.02 for _ in range(copies)]
-    layers = {name: [_format_layer(name, w) for w in weights] for name in MATMUL_FORMATS}
+    layers = {name: [_format_layer(name, w) for w in weights] for name in o.matmul_formats}
     warm = torch.randn(1, k, device=o.device).bfloat16()
     for fs in layers.values():  # each copy once, untimed: a kernel packs its weights on first use
         for f in fs:
@@ -197,8 +205,8 @@ def structured_shape(config: ModelConfig, heads: float = 0.25, neurons: float = 
 def _speed_model(name: str, config: ModelConfig, device: torch.device) -> Transformer:
     if name == "structured 25%":
         return random_model(structured_shape(config), device, torch.bfloat16)
-    dtype = torch.float32 if name == "fp32" else torch.bfloat16
-    model = random_model(config, device, dtype)
+    fp32 = name == "fp32" or (name == "w8a8" and device.type == "cpu")  # integers inside: no bf16 needed
+    model = random_model(config, device, torch.float32 if fp32 else torch.bfloat16)
     return technique(name).apply(model, None) if name not in ("fp32", "bf16") else model
 
 

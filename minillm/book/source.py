@@ -127,6 +127,8 @@ def show(obj, start: str | None = None, stop: str | None = None, width: int = PA
     ``stop`` (both included)."""
     if not (inspect.isroutine(obj) or inspect.isclass(obj)) and inspect.isfunction(getattr(obj, "fn", None)):
         obj = obj.fn  # a Triton kernel (compiled or interpreted) keeps its Python function as .fn
+    if inspect.isfunction(getattr(obj, "_init_fn", None)):
+        obj = obj._init_fn  # a torch.library custom op keeps the function it was made from
     target = inspect.unwrap(obj.fget if isinstance(obj, property) else obj)
     name = getattr(target, "__qualname__", getattr(target, "__name__", repr(obj)))
     try:

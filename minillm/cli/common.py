@@ -136,7 +136,8 @@ def quantize_options() -> argparse.ArgumentParser:
         "--quantize",
         default=None,
         metavar="SCHEME",
-        help="weight-only quantization after loading: int8, int4 or fp8 (round to nearest); on a CPU in bf16",
+        help="quantization after loading (round to nearest): int8, int4, fp8 (weights only; on a CPU in bf16) "
+        "or w8a8 (int8 weights and activations)",
     )
     p.add_argument("--group-size", type=int, default=None, help="int4 weights per scale (default: 128)")
     return p

@@ -14,6 +14,9 @@ the layer to the reference path. The order, per scheme:
   not written for decode speed (the GPU check times both).
 - fp8 (e4m3 weights, activations in 16 bits), compute capability >= 8.9: the Triton kernel.
   ``torch._scaled_mm`` wants fp8 activations too, which is not weight-only quantization.
+- w8a8 (int8 weights, activations quantized per token as they arrive): ``torch._int_mm``, the
+  integer matmul of cuBLASLt (int8 tensor cores), which wants more than 16 rows and K and N
+  multiples of 8: a decode step's few rows are padded with zero rows.
 
 The layout tinygemm wants (read from aten/src/ATen/native/cuda/int4mm.cu): the codes as uint8
 (N, K / 2) with column 2j in the *high* nibble and 2j + 1 in the low one (ours is the other way
@@ -106,6 +109,26 @@ def torch_int8(layer: nn.Module, dtype: torch.dtype) -> Kernel:
     return Kernel("torch int8pack", lambda x: torch._weight_int8pack_mm(x.contiguous(), layer.qweight, scales))
 
 
+def torch_int_mm(layer: nn.Module, dtype: torch.dtype) -> Kernel:
+    from .quant import quantize_tokens  # quant imports this module: imported when a kernel is built
+
+    k, n = layer.in_features, layer.out_features
+    if not hasattr(torch, "_int_mm"):
+        raise Unsupported("this PyTorch has no _int_mm")
+    if k % 8 or n % 8:
+        raise Unsupported(f"_int_mm needs K and N multiples of 8, got K = {k}, N = {n}")
+    q_t, scales = layer.qweight.T, layer.scales.float()  # (K, N), column-major: what cuBLASLt wants
+
+    def run(x: Tensor) -> Tensor:
+        a, t = quantize_tokens(x)
+        m = a.shape[0]
+        if m <= 16:
+            a = F.pad(a, (0, 0, 0, 17 - m))
+        return (torch._int_mm(a, q_t)[:m].float() * t * scales).to(x.dtype)
+
+    return Kernel("torch int_mm", run)
+
+
 # ---------------------------------------------------------------------------------------------
 # The Triton kernels (kernels/quant_matmul.py)
 
@@ -142,6 +165,8 @@ def candidates(layer: nn.Module, dtype: torch.dtype) -> list[tuple[str, Builder]
         return [("torch int4 tinygemm", torch_int4), ("triton int4", triton_kernel)]
     if scheme == "int8":
         return [("triton int8", triton_kernel), ("torch int8pack", torch_int8)]
+    if scheme == "w8a8":
+        return [("torch int_mm", torch_int_mm)]
     return [("triton fp8", triton_kernel)]
 
 
@@ -149,7 +174,8 @@ def cuda_kernel(layer: nn.Module, dtype: torch.dtype) -> Kernel | None:
     """The first candidate that applies and matches the reference on a small input, or None."""
     for name, build in candidates(layer, dtype):
         try:
-            kernel = check_kernel(build(layer, dtype), layer, layer.qweight.device, dtype)
+            tol = 0.03 if layer.spec.scheme == "w8a8" else None  # quant.W8A8_TOLERANCE (quant imports this module)
+            kernel = check_kernel(build(layer, dtype), layer, layer.qweight.device, dtype, tol)
         except Unsupported as exc:
             rejected[name] = str(exc)
             continue

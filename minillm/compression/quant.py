@@ -7,6 +7,10 @@ Three formats, each a few lines of arithmetic and one module that replaces an ``
   input weights: ``w ~ (q - z) * s``, q and z in [0, 15]; two weights per byte. The range of
   each group always includes 0, so that 0 (and the zero padding of a last, short group) is exact.
 - ``fp8``: float8 e4m3 with one fp32 scale per output channel (448 is e4m3's largest value).
+- ``w8a8``: the weights as ``int8``, and the activations too, each token (row) with a scale of
+  its own computed as it arrives (dynamic, per token): ``x ~ a * t``; the product is then an
+  integer one, ``x @ w.T ~ (a @ q.T) * t * s``, int8 times int8 summed in int32. The others
+  dequantize the weights and multiply in floating point; this one multiplies in integers.
 
 Each ``QuantizedLinear`` keeps the reference path beside the fast one: ``forward_reference``
 dequantizes the whole matrix and calls ``F.linear``; ``forward`` uses the packed kernel PyTorch
@@ -20,6 +24,8 @@ Calibrated methods (GPTQ, AWQ) decide *which* codes to store; they live in ``gpt
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -29,9 +35,10 @@ from torch import Tensor, nn
 
 from .fastpath import Kernel, check_kernel
 
-SCHEMES = ("int8", "int4", "fp8")
+SCHEMES = ("int8", "int4", "fp8", "w8a8")
 INT4_DEFAULT_GROUP = 128
 FP8_MAX = 448.0  # the largest finite float8 e4m3 value
+W8A8_TOLERANCE = 0.03  # a W8A8 kernel's error's norm vs its output's, against the reference
 
 
 # ---------------------------------------------------------------------------------------------
@@ -49,6 +56,21 @@ def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
 
 def dequantize_int8(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     return (q.float() * scale.float()[:, None]).to(dtype)
+
+
+def quantize_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per token (row), from the activations themselves: x (M, K) -> a int8
+    (M, K), t fp32 (M, 1); x ~ a * t. An outlier token leaves the others' steps fine."""
+    x = x.float()
+    t = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127
+    return torch.round(x / t).clamp(-127, 127).to(torch.int8), t
+
+
+def w8a8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
+    """x (M, K) float, q int8 (N, K), scale (N,) -> (M, N) fp32: the W8A8 product
+    in integers, spelled out (the integer sums are exact in fp32 up to 2**24)."""
+    a, t = quantize_tokens(x)
+    return (a.float() @ q.float().T) * t * scale.float()
 
 
 def padded_groups(w: Tensor, group_size: int) -> Tensor:
@@ -141,6 +163,11 @@ class QuantSpec:
     scheme: str
     group_size: int | None = None
 
+    @property
+    def storage(self) -> str:
+        """The scheme whose buffers and rounding the weights use (w8a8 stores its weights as int8)."""
+        return "int8" if self.scheme == "w8a8" else self.scheme
+
     def __post_init__(self):
         if self.scheme not in SCHEMES:
             raise ValueError(f"unknown quantization scheme {self.scheme!r}: choose one of {SCHEMES}")
@@ -166,7 +193,7 @@ class QuantSpec:
 class QuantizedLinear(nn.Module):
     """A linear layer whose weight is stored quantized (see the module docstring for the formats).
 
-    Buffers: int8 ``qweight`` int8 (N, K) + ``scales`` fp32 (N,); int4 ``qweight`` uint8
+    Buffers: int8 (and w8a8) ``qweight`` int8 (N, K) + ``scales`` fp32 (N,); int4 ``qweight`` uint8
     (N, G * g / 2) + ``scales`` fp16 (N, G) + ``zeros`` uint8 (N, G); fp8 ``qweight`` float8
     (N, K) + ``scales`` fp32 (N,). ``bias`` (N,) when the original had one.
     """
@@ -183,7 +210,7 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("scales", torch.ones(n, groups, dtype=torch.float16, device=device))
             self.register_buffer("zeros", torch.zeros(n, groups, dtype=torch.uint8, device=device))
         else:
-            dtype = torch.int8 if spec.scheme == "int8" else torch.float8_e4m3fn
+            dtype = torch.int8 if spec.storage == "int8" else torch.float8_e4m3fn
             self.register_buffer("qweight", torch.zeros(n, k, dtype=dtype, device=device))
             self.register_buffer("scales", torch.ones(n, dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.zeros(n, device=device) if bias else None)
@@ -197,7 +224,7 @@ class QuantizedLinear(nn.Module):
         """Round ``weight`` (default: the linear's own) to nearest in ``spec``'s format."""
         w = (linear.weight if weight is None else weight).detach()
         q = cls(linear.in_features, linear.out_features, spec, linear.bias is not None, w.device)
-        if spec.scheme == "int8":
+        if spec.storage == "int8":
             q.set_int8(*quantize_int8(w))
         elif spec.scheme == "int4":
             q.set_int4(*quantize_int4(w, spec.group_size))
@@ -240,7 +267,7 @@ class QuantizedLinear(nn.Module):
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The (N, K) weight this layer computes with."""
-        s = self.spec.scheme
+        s = self.spec.storage
         if s == "int8":
             return dequantize_int8(self.qweight, self.scales, dtype)
         if s == "int4":
@@ -249,6 +276,10 @@ class QuantizedLinear(nn.Module):
 
     def forward_reference(self, x: Tensor) -> Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
+        if self.spec.scheme == "w8a8":
+            y = w8a8_matmul(x.reshape(-1, self.in_features), self.qweight, self.scales).to(x.dtype)
+            y = y.view(*x.shape[:-1], self.out_features)
+            return y if bias is None else y + bias
         return F.linear(x, self.dequantized_weight(x.dtype), bias)
 
     # -- the fast path ----------------------------------------------------------------------
@@ -309,6 +340,67 @@ def _cpu_int4(layer: QuantizedLinear, dtype: torch.dtype) -> Kernel | None:
     return Kernel("torch int4pack", run)
 
 
+# The CPU's integer product: PyTorch's quantized engine (FBGEMM or oneDNN, chosen by
+# ``torch.backends.quantized.engine``) multiplies uint8 activations by int8 weights in int32 with
+# the CPU's integer dot products (AVX2 ``vpmaddubsw``, AVX-512 VNNI, AMX). Its dynamic linear
+# quantizes a whole input with one scale; dividing each row by its largest magnitude first (and
+# multiplying the output back) makes that one scale fit every row: quantization per token.
+# Without VNNI, u8 x s8 pairs summed in int16 can saturate: ``reduce_range`` keeps the
+# activations to 7 bits there. The packed weight is an object torch.compile cannot trace, so the
+# op is opaque to it and finds its weight by a key.
+_PACKED: dict[int, object] = {}
+
+
+def cpu_has_vnni() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+@torch.library.custom_op("minillm::w8a8_linear_cpu", mutates_args=())
+def w8a8_linear_cpu(x: Tensor, key: int, out_features: int, reduce_range: bool) -> Tensor:
+    x = x.float()
+    peak = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
+    return torch.ops.quantized.linear_dynamic(x / peak, _PACKED[key], reduce_range) * peak
+
+
+@w8a8_linear_cpu.register_fake
+def _(x: Tensor, key: int, out_features: int, reduce_range: bool) -> Tensor:
+    return x.new_empty(x.shape[0], out_features, dtype=torch.float32)
+
+
+def saturates(layer: QuantizedLinear, key: int) -> bool:
+    """Whether 8-bit activations go wrong on this CPU: the input most likely to saturate is one
+    aligned with a weight row (every product of a pair large and of one sign)."""
+    x = layer.qweight[:1].float()
+    ref = x @ layer.dequantized_weight().T
+    got = w8a8_linear_cpu(x, key, layer.out_features, False)
+    return bool((got - ref).norm() > 0.02 * ref.norm())
+
+
+def _cpu_w8a8(layer: QuantizedLinear, dtype: torch.dtype) -> Kernel | None:
+    if not hasattr(torch.ops.quantized, "linear_dynamic") or not torch.backends.quantized.engine:
+        return None
+    n = layer.out_features
+    with warnings.catch_warnings():  # quantized tensors are deprecated; the engine's kernels are not replaced yet
+        warnings.simplefilter("ignore")
+        w = torch._make_per_channel_quantized_tensor(
+            layer.qweight, layer.scales.double(), torch.zeros(n, dtype=torch.long), 0
+        )
+        packed = torch.ops.quantized.linear_prepack(w, None)
+    key = id(packed)
+    _PACKED[key] = packed
+    reduce_range = not cpu_has_vnni() or saturates(layer, key)
+    name = f"{torch.backends.quantized.engine} int8 x int8" + (" (7-bit activations)" if reduce_range else "")
+    kernel = Kernel(name, lambda x: w8a8_linear_cpu(x, key, n, reduce_range).to(x.dtype))
+    kernel.key = key
+    weakref.finalize(kernel, _PACKED.pop, key, None)  # the packed weight lives as long as its kernel
+    return kernel
+
+
 def fast_kernel(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype) -> Kernel | None:
     """The fastest packed kernel for this layer on ``device`` with ``dtype`` activations, or None.
 
@@ -316,6 +408,8 @@ def fast_kernel(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype
     activations they are slower than dequantize-then-matmul here, so fp32 stays on the reference."""
     scheme = layer.spec.scheme
     try:
+        if device.type == "cpu" and scheme == "w8a8":  # computes in integers: any activation dtype
+            return check_kernel(_cpu_w8a8(layer, dtype), layer, device, dtype, W8A8_TOLERANCE)
         if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
             if scheme == "int8":
                 return check_kernel(_cpu_int8(layer, dtype), layer, device, dtype)

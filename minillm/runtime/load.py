@@ -25,7 +25,7 @@ from ..core.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    quantize: str | None = None  # weight-only: "int8" | "int4" | "fp8"; None keeps the checkpoint's weights
+    quantize: str | None = None  # "int8" | "int4" | "fp8" weight-only, "w8a8"; None: the checkpoint's weights
     group_size: int | None = None  # int4 only: weights per scale (None: 128)
     dtype: torch.dtype | None = None  # compute dtype; None: see compute_dtype
     compile: bool = False  # decode through torch.compile over a static cache (same greedy tokens)
@@ -61,11 +61,12 @@ class RuntimeOptions:
 
 def compute_dtype(options: RuntimeOptions) -> torch.dtype | None:
     """What the model computes in: ``options.dtype`` when given; bf16 for a quantized model on a
-    CPU (PyTorch's packed int8/int4 CPU kernels are fast in bf16 only); else None, the loader's
-    default (fp32 on a CPU, the checkpoint's own dtype on a GPU)."""
+        CPU (PyTorch's packed int8/int4 CPU kernels are fast in bf16 only; w8a8 multiplies in integers
+    and stays in the loader's dtype); else None, the loader's
+        default (fp32 on a CPU, the checkpoint's own dtype on a GPU)."""
     if options.dtype is not None:
         return options.dtype
-    if options.quantize is not None and options.target.type == "cpu":
+    if options.quantize not in (None, "w8a8") and options.target.type == "cpu":
         return torch.bfloat16
     return None
 

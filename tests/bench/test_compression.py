@@ -83,7 +83,7 @@ def test_a_small_run_has_every_table():
 
 
 def test_every_technique_has_a_unique_name():
-    assert len(set(TECHNIQUE_NAMES)) == len(TECHNIQUE_NAMES) == 13
+    assert len(set(TECHNIQUE_NAMES)) == len(TECHNIQUE_NAMES) == 14
 
 
 def test_saved_gpu_check_rows_become_a_table():
