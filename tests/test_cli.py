@@ -108,6 +108,7 @@ BENCHMARKS = {
     "serve-stack",
     "parallel",
     "capstone",
+    "peers",
 }
 
 

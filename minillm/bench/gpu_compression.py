@@ -40,7 +40,7 @@ from .gpu_decode import TIMER, cuda_graphed, decode_bytes, decode_step, median_s
 from .gpu_kernels import GOALS, SectionTimeout, _guarded, cuda_time
 from .roofline import measure_bandwidth
 
-SCHEMES = [(None, None), ("int8", None), ("int4", 128), ("fp8", None)]  # (scheme, group size); None: as built
+SCHEMES = [(None, None), ("int8", None), ("int4", 128), ("fp8", None), ("w8a8", None)]  # None: as built
 BATCHES = (1, 16)
 STEPS, MAX_LEN = 48, 256
 SPEEDUP_GOALS = [("int8_decode_speedup", "int8", 1.4), ("int4_decode_speedup", "int4-g128", 1.8)]  # vs the 16-bit row

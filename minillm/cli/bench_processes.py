@@ -1,6 +1,6 @@
-"""``python -m minillm bench serve | disagg | parallel | capstone``: the benchmarks that start other
-processes (an HTTP server, worker processes, ranks) and turn those processes' failures into one
-line. Like every benchmark they end in ``common.report_figures``.
+"""``python -m minillm bench serve | serve-stack | disagg | parallel | capstone | peers``: the
+benchmarks that start other processes (an HTTP server, worker processes, ranks, other engines)
+and turn those processes' failures into one line. Like every benchmark they end in ``common.report_figures``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .figures import run_benchmark
 
 
 def add_process_benchmarks(kinds) -> None:
-    for add in (add_disagg, add_serve, add_serve_stack, add_parallel, add_capstone):
+    for add in (add_disagg, add_serve, add_serve_stack, add_parallel, add_capstone, add_peers):
         add(kinds)
 
 
@@ -241,3 +241,42 @@ def add_serve_stack(kinds) -> None:
         help="edits (default): code to rewrite, answers that copy the prompt; random: prompt ids with nothing to copy",
     )
     p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="these configurations only (and eager fp32)")
+
+
+def cmd_bench_peers(args: argparse.Namespace) -> int:
+    from ..bench.peers import FORMATS, PeersBench, bench_peers, format_peers
+
+    with bad_input():
+        options = PeersBench(
+            model=None if args.shape else args.model,
+            shape=args.shape,
+            formats=tuple(args.formats or FORMATS),
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            rounds=args.repeats,
+            compile=not args.eager,
+            threads=torch.get_num_threads(),
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
+    weights = f"random {args.shape}" if args.shape else args.model
+    what = f"{weights}: minillm, torchao and llama.cpp decoding the same weights, each in a process ({where('cpu')})..."
+    return run_benchmark(args, what, lambda: bench_peers(options), format_peers, (RuntimeError, ValueError))
+
+
+def add_peers(kinds) -> None:
+    p = common.add_benchmark(
+        kinds,
+        "peers",
+        "minillm vs llama.cpp and torchao on the same weights, per format: decode tokens/s (peers optional)",
+        cmd_bench_peers,
+        common.model_option("the trained model measured"),
+        common.repeats_option(5),
+        common.new_tokens_option(128),
+        common.prompt_len_option(64),
+        common.progress_option(),
+    )
+    p.add_argument("--shape", default=None, help="random weights of this preset instead of --model (e.g. SmolLM2-360M)")
+    p.add_argument("--formats", nargs="+", choices=("fp32", "int8", "int4"), default=None, help="(default: all three)")
+    p.add_argument("--eager", action="store_true", help="minillm and torchao not compiled (default: compiled)")
+    p.add_argument("--seed", type=int, default=0, help="of the random weights and prompt (default: 0)")

@@ -18,8 +18,11 @@ Three conversions sit between minillm's layout and that one:
   adjacent rotation of the new layout compute the rotate-half one of the old. Attention scores
   are dot products of q and k over the head dimension, so the same reordering of both leaves
   them unchanged; W_v and W_o keep their layout.
-- Weights are stored F32, F16 or Q8_0 (blocks of 32 weights: one fp16 scale and 32 int8 codes,
-  ``quantize_q8_0``, written here with numpy), norms always F32, as llama.cpp's converter does.
+- Weights are stored F32, F16, Q8_0 (blocks of 32 weights: one fp16 scale and 32 int8 codes,
+  ``quantize_q8_0``) or Q4_0 (blocks of 32: one fp16 scale and 32 4-bit codes, ``quantize_q4_0``),
+  written here with numpy; norms always F32, as llama.cpp's converter does. In a Q4_0 file the
+  token embedding is Q4_0 too and the output matrix Q8_0 (llama.cpp's own Q4_0 recipe keeps the
+  output at a higher precision: it sets every logit).
 
 A model minillm quantized (``minillm.compression.quantize``, or a saved quantized directory) is
 exported from its dequantized weights: Q8_0 then rounds them a second time.
@@ -44,9 +47,10 @@ from ..core.config import ModelConfig, RopeScaling
 from ..core.model import Transformer, rope_inv_freq
 from ..core.tokenizer import Tokenizer
 
-FILE_TYPES = ("f32", "f16", "q8_0")
-LLAMA_FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7}  # general.file_type: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0
+FILE_TYPES = ("f32", "f16", "q8_0", "q4_0")
+LLAMA_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}  # general.file_type: ALL_F32, MOSTLY_F16, ...
 Q8_0_BLOCK = 32  # weights per Q8_0 block; a block is 2 bytes of fp16 scale + 32 int8 codes
+Q4_0_BLOCK = 32  # weights per Q4_0 block; a block is 2 bytes of fp16 scale + 16 bytes of 4-bit codes
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5  # tokenizer.ggml.token_type
 
 # Hugging Face tensor names (as core.checkpoints writes them) -> llama.cpp's, per block and global.
@@ -134,6 +138,36 @@ def dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
     return (codes * d).reshape(rows, -1)
 
 
+def quantize_q4_0(w: np.ndarray) -> np.ndarray:
+    """(rows, cols) float32, cols a multiple of 32 -> (rows, cols / 32 * 18) bytes of Q4_0 blocks.
+
+    Each block keeps d = m / -8 as fp16, m its weight of largest magnitude (sign included), and
+    the codes q = min(15, floor(w / d + 8.5)), so w ~ (q - 8) * d: m itself is code 0 (-8 d) and
+    the other end of the range reaches 7 d. Byte j holds weight j in its low nibble and weight
+    j + 16 in its high one."""
+    rows, cols = w.shape
+    blocks = w.astype(np.float32).reshape(rows, cols // Q4_0_BLOCK, Q4_0_BLOCK)
+    peak = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)  # (rows, n, 1)
+    d = peak / -8
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d != 0, 1 / d, 0)
+    codes = np.minimum(15, np.floor(blocks * inverse + 8.5)).astype(np.uint8)
+    half = Q4_0_BLOCK // 2
+    packed = codes[..., :half] | (codes[..., half:] << 4)
+    scale_bytes = d.astype("<f2").view(np.uint8)
+    return np.concatenate([scale_bytes, packed], axis=-1).reshape(rows, -1)
+
+
+def dequantize_q4_0(raw: np.ndarray) -> np.ndarray:
+    """(rows, n_blocks * 18) bytes of Q4_0 blocks -> (rows, n_blocks * 32) float32."""
+    rows = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(rows, -1, 2 + Q4_0_BLOCK // 2)
+    d = blocks[..., :2].copy().view("<f2").astype(np.float32)
+    packed = blocks[..., 2:]
+    codes = np.concatenate([packed & 0xF, packed >> 4], axis=-1).astype(np.float32)
+    return ((codes - 8) * d).reshape(rows, -1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Weights
 
@@ -191,14 +225,19 @@ def rope_freq_factors(config: ModelConfig) -> Tensor | None:
     return rope_inv_freq(default) / rope_inv_freq(config)
 
 
-def stored(tensor: Tensor, file_type: str, gguf) -> tuple[np.ndarray, object]:
-    """(array, ggml type) for one tensor: 1-D ones stay F32; Q8_0 needs rows of whole blocks (else F16)."""
+def stored(tensor: Tensor, file_type: str, gguf, name: str = "") -> tuple[np.ndarray, object]:
+    """(array, ggml type) for one tensor: 1-D ones stay F32; Q8_0 and Q4_0 need rows of whole
+    blocks (else F16); in a Q4_0 file the output matrix is Q8_0."""
     w = tensor.numpy().astype(np.float32)
     T = gguf.GGMLQuantizationType
     if file_type == "f32" or w.ndim == 1:
         return w, T.F32
+    if file_type == "q4_0" and name == "output.weight":
+        file_type = "q8_0"
     if file_type == "q8_0" and w.shape[-1] % Q8_0_BLOCK == 0:
         return quantize_q8_0(w), T.Q8_0
+    if file_type == "q4_0" and w.shape[-1] % Q4_0_BLOCK == 0:
+        return quantize_q4_0(w), T.Q4_0
     return w.astype(np.float16), T.F16
 
 
@@ -322,7 +361,7 @@ def export_gguf(
     add_metadata(writer, model.config, file_type, gguf)
     add_vocab(writer, vocab, tokenizer.chat_template)
     for name, tensor in tensors.items():
-        array, ggml_type = stored(tensor, file_type, gguf)
+        array, ggml_type = stored(tensor, file_type, gguf, name)
         writer.add_tensor(name, array, raw_dtype=ggml_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -21,9 +21,11 @@ from minillm.export.gguf import (
     TOKEN_UNUSED,
     ExportError,
     apply_rope_interleaved,
+    dequantize_q4_0,
     dequantize_q8_0,
     export_gguf,
     permute_for_interleaved_rope,
+    quantize_q4_0,
     quantize_q8_0,
     unpermute_from_interleaved_rope,
 )
@@ -134,6 +136,36 @@ def test_q8_0_matches_ggml_reference_and_rounds_within_half_a_step():
     within_half_a_step(w, back)
 
 
+def test_q4_0_matches_ggml_reference_and_keeps_each_blocks_peak():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((5, 128)).astype(np.float32)
+    w[2, 32:64] = 0  # an all-zero block
+    w[3, :32] = np.abs(w[3, :32])  # a block of one sign: its peak is positive, d negative
+    raw = quantize_q4_0(w)
+    assert raw.shape == (5, 4 * 18) and raw.dtype == np.uint8
+    np.testing.assert_array_equal(raw, gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0))
+    back = dequantize_q4_0(raw)
+    np.testing.assert_array_equal(back, gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0))
+    within_q4_0_steps(w, back)
+    blocks, got = w.reshape(5, -1, 32), back.reshape(5, -1, 32)
+    peak = np.abs(blocks).max(-1, keepdims=True)
+    np.testing.assert_allclose(np.abs(got).max(-1, keepdims=True), peak, rtol=2**-10)  # the peak: exact (fp16)
+    assert np.all(back[2, 32:64] == 0)
+
+
+def within_q4_0_steps(w: np.ndarray, back: np.ndarray) -> None:
+    """Q4_0's codes span [-8 d, 7 d] from the peak's side (d = |peak| / 8): a weight inside is
+    within half a step, one beyond 7 d (the other side's largest) within one step."""
+    blocks, got = w.reshape(w.shape[0], -1, 32), back.reshape(w.shape[0], -1, 32)
+    peak = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], axis=-1)
+    d = np.abs(peak) / 8
+    error = np.abs(got - blocks)
+    inside = blocks * np.sign(peak) >= -7 * d  # on the peak's side, or within 7 d on the other
+    slack = d * 8 * 2**-11 + 1e-6  # the step stored as fp16
+    assert np.all(error[inside] <= (0.5 * d + slack).repeat(32, -1)[inside])
+    assert np.all(error <= d + slack)
+
+
 def within_half_a_step(w: np.ndarray, back: np.ndarray) -> None:
     """Each weight within half of its block's step d = max|w| / 127 (the step stored as fp16: its
     rounding, relative 2^-11, moves a code of at most 127 by 127 * 2^-11 steps more)."""
@@ -191,6 +223,22 @@ def test_q8_0_dequantizes_within_half_a_step_of_each_block(tmp_path, tokenizer):
         back = unpermuted(name, dequantize_q8_0(np.array(t.data)), model.config)
         within_half_a_step(want, back)
     assert field(fields, "general.file_type") == 7
+
+
+def test_q4_0_files_hold_q4_0_blocks_and_a_q8_0_output(tmp_path, tokenizer):
+    model = small_model()
+    tensors, fields = read(export_gguf(model, tokenizer, tmp_path / "m.gguf", "q4_0").path)
+    T = gguf.GGMLQuantizationType
+    for name, want in expected_tensors(model).items():
+        t = tensors[name]
+        if want.ndim == 1:
+            assert t.tensor_type == T.F32
+            continue
+        assert t.tensor_type == (T.Q8_0 if name == "output.weight" else T.Q4_0), name
+        decode = dequantize_q8_0 if name == "output.weight" else dequantize_q4_0
+        back = unpermuted(name, decode(np.array(t.data)), model.config)
+        (within_half_a_step if name == "output.weight" else within_q4_0_steps)(want, back)
+    assert field(fields, "general.file_type") == 2
 
 
 def test_rows_that_are_not_whole_q8_0_blocks_fall_back_to_f16(tmp_path, tokenizer):
@@ -267,8 +315,8 @@ def test_what_llama_cannot_express_is_refused(tmp_path, tokenizer):
         export_gguf(small_model(sliding_window=16), tokenizer, tmp_path / "m.gguf")
     with pytest.raises(ExportError, match="it is a directory"):
         export_gguf(small_model(), tokenizer, tmp_path)
-    with pytest.raises(ExportError, match="one of f32, f16, q8_0"):
-        export_gguf(small_model(), tokenizer, tmp_path / "m.gguf", "q4_0")
+    with pytest.raises(ExportError, match="one of f32, f16, q8_0, q4_0"):
+        export_gguf(small_model(), tokenizer, tmp_path / "m.gguf", "q3_k")
     with pytest.raises(ExportError, match="beyond the model's 97 embeddings"):
         export_gguf(tiny_model(), tokenizer, tmp_path / "m.gguf")
 
@@ -322,7 +370,7 @@ def test_the_command_explains_bad_input(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("file_type", ["f32", "q8_0"])
+@pytest.mark.parametrize("file_type", ["f32", "q8_0", "q4_0"])
 def test_llama_cpp_decodes_the_greedy_tokens_minillm_does(tmp_path, file_type):
     llama_cpp = pytest.importorskip("llama_cpp")
     import minillm
@@ -336,7 +384,7 @@ def test_llama_cpp_decodes_the_greedy_tokens_minillm_does(tmp_path, file_type):
     assert llm.tokenize(prompt.encode(), add_bos=True, special=False) == ids  # the same tokenizer
     theirs = llama_cpp_greedy(llama_cpp, path, ids, 32)
     agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
-    assert agree == 32 if file_type == "f32" else agree >= 8, (ours, theirs)
+    assert agree == 32 if file_type == "f32" else agree >= {"q8_0": 8, "q4_0": 2}[file_type], (ours, theirs)
 
 
 def llama_cpp_greedy(llama_cpp, path, ids: list[int], n: int) -> list[int]:
