@@ -167,3 +167,28 @@ def test_compiled_generation_needs_no_autograd_so_its_static_caches_never_do():
     assert len(modes) == 4 * 8 and all(modes)
     for fwd in model.__dict__["_compiled_forwards"].values():
         assert not any(t.requires_grad for t in (*fwd.cache.k, *fwd.cache.v))
+
+
+def test_a_small_model_autotunes_its_matrix_products_and_keeps_eagers_tokens(monkeypatch):
+    """On the CPU minillm-target (24 MB of weights) compiles with Inductor's GEMM autotuning, a
+    large model does not; the tokens are eager's either way."""
+    import minillm
+    from minillm.core import compiled as compiled_module
+
+    monkeypatch.setenv("MINILLM_AUTOTUNE", "1")
+    seen = []
+    real = compiled_module.compiling
+    monkeypatch.setattr(compiled_module, "compiling", lambda d, w=None: seen.append(w) or real(d, w))
+    model, tok = minillm.load("minillm-target", device="cpu")
+    prompt = tok.encode("def read_config(path):")
+    eager = minillm.generate(model, prompt, 16, eos_token_id=None)
+    fast = minillm.generate(model, prompt, 16, eos_token_id=None, compile=True)
+    assert torch.equal(eager.tokens, fast.tokens)
+    assert seen and all(w == compiled_module.weight_bytes(model) <= compiled_module.AUTOTUNE_BYTES for w in seen)
+    with real(torch.device("cpu"), int(compiled_module.AUTOTUNE_BYTES) + 1):
+        assert not torch._inductor.config.max_autotune and torch._inductor.config.freezing
+    with real(torch.device("cpu"), 1000):
+        assert torch._inductor.config.max_autotune
+    monkeypatch.setenv("MINILLM_AUTOTUNE", "0")
+    with real(torch.device("cpu"), 1000):
+        assert not torch._inductor.config.max_autotune
