@@ -251,6 +251,12 @@ class QuantizedLinear(nn.Module):
         self.scales.copy_(scale)
         self._fast.clear()
 
+    def __getstate__(self):
+        """A copy (``copy.deepcopy``, pickling) packs its kernels afresh: a kernel may hold a packed
+        weight by a key that lives only as long as the original's kernel."""
+        state = super().__getstate__()
+        return {**state, "_fast": {}, "path": "reference"}
+
     def _apply(self, fn, recurse=True):
         """``.to(device)`` moves the stored tensors; ``.to(dtype)`` (or ``.half()``) changes the
         compute dtype only: the codes, scales and zero points keep their stored dtypes."""

@@ -93,6 +93,20 @@ def test_eight_bit_activations_saturate_without_vnni_and_the_guard_sees_it():
     assert quant.saturates(layer, key) == (relative(quant.w8a8_linear_cpu(x, key, 64, False), ref) > 0.02)
 
 
+@pytest.mark.skipif(not HAS_ENGINE, reason="this PyTorch has no quantized engine")
+def test_a_copy_outlives_the_original_and_packs_its_own_kernel():
+    layer = QuantizedLinear.from_linear(torch.nn.Linear(64, 32), QuantSpec.make("w8a8"))
+    x = torch.randn(2, 64)
+    before = layer(x)
+    twin = copy.deepcopy(layer)
+    del layer
+    import gc
+
+    gc.collect()  # the original's kernel and its packed weight are gone
+    torch.testing.assert_close(twin(x), before)
+    assert "int8 x int8" in twin.path
+
+
 @pytest.fixture(scope="module")
 def target():
     model, tokenizer = minillm.load("minillm-target", device="cpu")
