@@ -56,6 +56,7 @@ ALLOWED = {
         "parallel",
         "runtime",
         "serving",
+        "export",
     },
     "viz": {"core", "measure", "kv", "decoding", "parallel", "serving"},
     "book": {"core", "measure", "kv", "compression", "decoding", "viz"},

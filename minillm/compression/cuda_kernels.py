@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fastpath import Kernel, check_kernel
+from .fastpath import W8A8_TOLERANCE, Kernel, check_kernel, quantize_tokens
 
 TINYGEMM_GROUPS = (32, 64, 128, 256)
 rejected: dict[str, str] = {}  # candidate name -> why it was last passed over (the GPU check reports it)
@@ -110,8 +110,6 @@ def torch_int8(layer: nn.Module, dtype: torch.dtype) -> Kernel:
 
 
 def torch_int_mm(layer: nn.Module, dtype: torch.dtype) -> Kernel:
-    from .quant import quantize_tokens  # quant imports this module: imported when a kernel is built
-
     k, n = layer.in_features, layer.out_features
     if not hasattr(torch, "_int_mm"):
         raise Unsupported("this PyTorch has no _int_mm")
@@ -174,7 +172,7 @@ def cuda_kernel(layer: nn.Module, dtype: torch.dtype) -> Kernel | None:
     """The first candidate that applies and matches the reference on a small input, or None."""
     for name, build in candidates(layer, dtype):
         try:
-            tol = 0.03 if layer.spec.scheme == "w8a8" else None  # quant.W8A8_TOLERANCE (quant imports this module)
+            tol = W8A8_TOLERANCE if layer.spec.scheme == "w8a8" else None
             kernel = check_kernel(build(layer, dtype), layer, layer.qweight.device, dtype, tol)
         except Unsupported as exc:
             rejected[name] = str(exc)

@@ -33,12 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fastpath import Kernel, check_kernel
+from .fastpath import W8A8_TOLERANCE, Kernel, check_kernel, quantize_tokens
 
 SCHEMES = ("int8", "int4", "fp8", "w8a8")
 INT4_DEFAULT_GROUP = 128
 FP8_MAX = 448.0  # the largest finite float8 e4m3 value
-W8A8_TOLERANCE = 0.03  # a W8A8 kernel's error's norm vs its output's, against the reference
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,14 +55,6 @@ def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
 
 def dequantize_int8(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     return (q.float() * scale.float()[:, None]).to(dtype)
-
-
-def quantize_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per token (row), from the activations themselves: x (M, K) -> a int8
-    (M, K), t fp32 (M, 1); x ~ a * t. An outlier token leaves the others' steps fine."""
-    x = x.float()
-    t = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127
-    return torch.round(x / t).clamp(-127, 127).to(torch.int8), t
 
 
 def w8a8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:

@@ -31,8 +31,9 @@ from torch import Tensor, nn
 from ..core.model import Transformer
 from .awq import can_fold, fold_scale, kv_groups
 from .calibration import capture_inputs
+from .fastpath import quantize_tokens
 from .gptq import GPTQOptions, Grid, gptq_round_weight, gptq_walk
-from .quant import dequantize_int8, linear_layers, padded_groups, quantize_int8, quantize_tokens
+from .quant import dequantize_int8, linear_layers, padded_groups, quantize_int8
 
 NF4_BLOCK = 64  # weights per absmax scale, QLoRA's default
 
@@ -156,7 +157,7 @@ def _set_weight(linear: nn.Linear, embedding: nn.Module | None, rounded: Tensor)
 
 def quantize_rows_int8(x: Tensor) -> Tensor:
     """Per-token (per-row) symmetric int8 of activations x (..., K), dequantized: each row's
-    absmax maps to 127. What a W8A8 kernel multiplies (``quant.quantize_tokens``), in floating
+    absmax maps to 127. What a W8A8 kernel multiplies (``fastpath.quantize_tokens``), in floating
     point."""
     a, t = quantize_tokens(x.reshape(-1, x.shape[-1]))
     return (a.float() * t).to(x.dtype).view(x.shape)
