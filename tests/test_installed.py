@@ -35,24 +35,27 @@ def test_the_wheel_installs_one_top_level_package(site):
 
 
 def test_a_process_on_the_wheel_reads_everything_from_it(site, tmp_path):
-    """What the chapters read, from a folder outside the checkout: the package, its kernels, the
-    corpus, a bundled model and a saved run."""
+    """What the chapters read, from a folder outside the checkout: the package, its kernels (the
+    C source built afresh where a compiler is), the corpus, a bundled model and a saved run."""
     code = (
         "import json, minillm, minillm.kernels as k\n"
+        "from minillm.kernels import native\n"
         "from minillm.training.corpus import load_text\n"
         "from minillm.book import saved_results\n"
         "model, tok = minillm.load('minillm-draft')\n"
+        "built = native.library() is not None or native.compiler() is None\n"
         "print(json.dumps([minillm.__file__, k.__file__, len(load_text('valid')) > 0,\n"
-        "                  len(tok.encode('def f(x):')) > 0, bool(saved_results('bench_generate'))]))\n"
+        "                  len(tok.encode('def f(x):')) > 0, bool(saved_results('bench_generate')),\n"
+        "                  native.SOURCE.is_file(), built]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**os.environ, "PYTHONPATH": str(site), "MINILLM_CACHE": str(tmp_path / "cache")}
     run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     out = subprocess.run([sys.executable, "-c", code], **run)
     assert out.returncode == 0, out.stderr
     package, kernels, *read = json.loads(out.stdout.strip().splitlines()[-1])
     assert Path(package).is_relative_to(site) and Path(kernels).is_relative_to(site)
     assert not Path(package).is_relative_to(ROOT)
-    assert read == [True, True, True]
+    assert read == [True, True, True, True, True]
 
 
 def test_nbval_kernels_run_on_the_wheel():

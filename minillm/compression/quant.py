@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cpu_kernels import decode_kernel as cpu_decode_kernel
 from .fastpath import W8A8_TOLERANCE, Kernel, check_kernel, quantize_tokens
 
 SCHEMES = ("int8", "int4", "fp8", "w8a8")
@@ -401,17 +402,16 @@ def _cpu_w8a8(layer: QuantizedLinear, dtype: torch.dtype) -> Kernel | None:
 def fast_kernel(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype) -> Kernel | None:
     """The fastest packed kernel for this layer on ``device`` with ``dtype`` activations, or None.
 
-    On the CPU PyTorch's int8 and int4 weight-only kernels are fast in bf16 (and fp16); with fp32
-    activations they are slower than dequantize-then-matmul here, so fp32 stays on the reference."""
-    scheme = layer.spec.scheme
+    On the CPU a decode step's few rows go to minillm's C kernels (``cpu_kernels``) where they
+    build, a prompt's many rows to the matmul path: PyTorch's int8 and int4 weight-only kernels in
+    bf16 (and fp16), its quantized engine for W8A8, dequantize-then-matmul for fp32 (PyTorch's
+    packed kernels are slower than that with fp32 activations)."""
+    if device.type == "cpu":
+        matmul = _cpu_matmul(layer, device, dtype)
+        tol = W8A8_TOLERANCE if layer.spec.scheme == "w8a8" else None
+        rows = check_kernel(cpu_decode_kernel(layer, matmul or _reference(layer)), layer, device, dtype, tol)
+        return rows or matmul
     try:
-        if device.type == "cpu" and scheme == "w8a8":  # computes in integers: any activation dtype
-            return check_kernel(_cpu_w8a8(layer, dtype), layer, device, dtype, W8A8_TOLERANCE)
-        if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
-            if scheme == "int8":
-                return check_kernel(_cpu_int8(layer, dtype), layer, device, dtype)
-            if scheme == "int4":
-                return check_kernel(_cpu_int4(layer, dtype), layer, device, dtype)
         if device.type == "cuda":
             from .cuda_kernels import cuda_kernel
 
@@ -419,6 +419,29 @@ def fast_kernel(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype
     except (RuntimeError, NotImplementedError, ImportError):
         return None  # this build of torch lacks the kernel for this shape or dtype
     return None
+
+
+def _cpu_matmul(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype) -> Kernel | None:
+    """PyTorch's packed CPU kernel for many rows, checked, or None for the reference."""
+    scheme = layer.spec.scheme
+    try:
+        if scheme == "w8a8":  # computes in integers: any activation dtype
+            return check_kernel(_cpu_w8a8(layer, dtype), layer, device, dtype, W8A8_TOLERANCE)
+        if dtype in (torch.bfloat16, torch.float16):
+            if scheme == "int8":
+                return check_kernel(_cpu_int8(layer, dtype), layer, device, dtype)
+            if scheme == "int4":
+                return check_kernel(_cpu_int4(layer, dtype), layer, device, dtype)
+    except (RuntimeError, NotImplementedError):
+        return None  # this build of torch lacks the kernel for this shape or dtype
+    return None
+
+
+def _reference(layer: QuantizedLinear) -> Kernel:
+    """The reference product without the bias (a kernel's output; ``forward`` adds the bias)."""
+    if layer.spec.scheme == "w8a8":
+        return Kernel("reference", lambda x: w8a8_matmul(x, layer.qweight, layer.scales).to(x.dtype))
+    return Kernel("reference", lambda x: F.linear(x, layer.dequantized_weight(x.dtype)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import minillm
-from minillm.compression import QuantizedLinear, QuantSpec, model_bytes, quantize
+from minillm.compression import QuantizedLinear, QuantSpec, cpu_kernels, model_bytes, quantize
 from minillm.compression.quant import (
     bits_per_weight,
     dequantize_int4,
@@ -21,11 +21,13 @@ from minillm.compression.quant import (
     unpack_int4,
 )
 from minillm.compression.saving import is_quantized_checkpoint, load_quantized, save_quantized
+from minillm.kernels import native
 from minillm.measure.quality import logit_difference
 from minillm.training.train import encode_split
 from tests.conftest import tiny_model
 
 HAS_CPU_INT4 = hasattr(torch, "_weight_int4pack_mm_for_cpu")
+NATIVE = native.library() is not None
 
 
 def linear(n: int, k: int, seed: int = 0, bias: bool = False) -> torch.nn.Linear:
@@ -102,19 +104,25 @@ def test_fast_path_equals_the_reference(scheme, group, n, k, m):
     fast, ref = layer(x).float(), layer.forward_reference(x).float()
     assert fast.shape == (2, m, n)
     assert (fast - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-2
+    # a decode step's rows go to the C kernels (where they build), a prompt's to PyTorch's kernel
+    matmul = layer.path.rpartition("over 16 rows ")[2]
     if scheme == "int8":  # torch's int8 kernel needs K % 8 == 0; elsewhere the reference runs
-        assert layer.path == ("torch int8pack" if k % 8 == 0 else "reference")
+        assert matmul == ("torch int8pack" if k % 8 == 0 else "reference")
     if scheme == "int4" and HAS_CPU_INT4:
-        assert layer.path == "torch int4pack"
+        assert matmul == "torch int4pack"
+    assert layer.path.startswith("C ") == (NATIVE and scheme != "fp8")
 
 
-def test_fp32_activations_take_the_reference_path_and_it_matches_the_dequantized_matmul():
+@pytest.mark.parametrize("m", [3, 40])
+def test_fp32_activations_match_the_dequantized_matmul(m):
+    """fp32: a decode step's rows through the C kernel, a prompt's through the reference."""
     lin = linear(16, 64, bias=True)
     layer = QuantizedLinear.from_linear(lin, QuantSpec.make("int4", 32))
-    x = torch.randn(3, 64)
+    x = torch.randn(m, 64)
     w = layer.dequantized_weight()
-    assert layer.path == "reference"
-    torch.testing.assert_close(layer(x), x @ w.T + lin.bias, rtol=1e-5, atol=1e-5)
+    y = layer(x)
+    assert layer.path == (f"C int4 x fp32 ({cpu_kernels.isa()}); over 16 rows reference" if NATIVE else "reference")
+    torch.testing.assert_close(y, x @ w.T + lin.bias, rtol=1e-5, atol=1e-5)
 
 
 def test_to_a_dtype_changes_the_compute_dtype_not_the_stored_format():

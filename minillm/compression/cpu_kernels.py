@@ -1,0 +1,124 @@
+"""The CPU's decode kernels for quantized layers: minillm's own C products (``kernels/quant_matvec.c``,
+built by ``kernels.native``) wrapped as torch ops, for the few rows of a decode step.
+
+A decode step multiplies one row per sequence by every weight matrix: the weights are read once
+and used once, so the step costs the bytes it reads. PyTorch's CPU kernels for weight-only int8
+and int4 compute in bf16 (slow on a CPU without bf16 instructions) or dequantize to a float copy
+first (reading more bytes than fp32 itself); its quantized engine's W8A8 has a fixed cost per call
+and, without VNNI, keeps activations to 7 bits. The C products read each weight once, in its
+stored form, and convert it in registers: ``q8_f32`` (int8 x fp32), ``q8_i8`` (W8A8: 8-bit
+activations per token, integer dot products exact in int32) and ``q4_f32`` (int4 groups x fp32).
+
+They serve up to ``MATVEC_ROWS`` rows; a longer input (a prompt) goes to the layer's matmul path,
+which reads its weights once for many rows. Each op is opaque to torch.compile (a custom op), so a
+compiled step calls it between the graph's fused kernels. ``MINILLM_NATIVE=0`` turns them off.
+
+``layer`` is a ``quant.QuantizedLinear`` (typed ``nn.Module``: ``quant`` imports this module).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..kernels import native
+from .fastpath import Kernel
+
+MATVEC_ROWS = 16  # up to this many rows the C kernels run; more go to the layer's matmul path
+
+
+def isa() -> str:
+    lib = native.library()
+    return "AVX2" if lib is not None and lib.minillm_has_avx2() else "portable C"
+
+
+def _call(status: int | None, what: str) -> None:
+    if status:
+        raise MemoryError(f"the C kernel {what} could not allocate its scratch buffers")
+
+
+# Declared with torch.library.Library, not torch.library.custom_op: the latter's Python wrapper
+# costs ~25 us a call here against ~8 us, and a SmolLM2-360M step makes 225 of these calls.
+_OPS = torch.library.Library("minillm", "FRAGMENT")
+_OPS.define("q8_matvec_cpu(Tensor x, Tensor w, Tensor s, bool integer) -> Tensor")
+_OPS.define("q4_matvec_cpu(Tensor x, Tensor w, Tensor s, Tensor sz, int group_size) -> Tensor")
+
+
+def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
+    """x (M, K) float, w int8 (N, K), s fp32 (N,) -> (M, N) fp32; ``integer``: W8A8."""
+    x = x.float().contiguous()
+    (m, k), n = x.shape, w.shape[0]
+    y = x.new_empty(m, n)
+    args = (x.data_ptr(), m, k, w.data_ptr(), s.data_ptr(), n, y.data_ptr(), torch.get_num_threads())
+    lib = native.library()
+    if integer:
+        _call(lib.q8_i8(*args), "q8_i8")
+    else:
+        lib.q8_f32(*args)
+    return y
+
+
+def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, sz: Tensor, group_size: int) -> Tensor:
+    """x (M, K) float, w uint8 (N, G * g / 2) packed codes, s and sz = s * zero fp32 (N, G)
+    -> (M, N) fp32."""
+    x = x.float().contiguous()
+    (m, k), n = x.shape, w.shape[0]
+    y = x.new_empty(m, n)
+    lib = native.library()
+    status = lib.q4_f32(
+        x.data_ptr(), m, k, w.data_ptr(), s.data_ptr(), sz.data_ptr(), n, w.shape[1] * 2, group_size,
+        y.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    _call(status, "q4_f32")
+    return y
+
+
+_OPS.impl("q8_matvec_cpu", _q8_matvec, "CPU")
+_OPS.impl("q4_matvec_cpu", _q4_matvec, "CPU")
+
+
+@torch.library.register_fake("minillm::q8_matvec_cpu", lib=_OPS)
+def _(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
+    return x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
+
+
+@torch.library.register_fake("minillm::q4_matvec_cpu", lib=_OPS)
+def _(x: Tensor, w: Tensor, s: Tensor, sz: Tensor, group_size: int) -> Tensor:
+    return x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
+
+
+q8_matvec = torch.ops.minillm.q8_matvec_cpu.default
+q4_matvec = torch.ops.minillm.q4_matvec_cpu.default
+
+
+def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
+    """The C kernel for ``layer``'s scheme, handing inputs of more than ``MATVEC_ROWS`` rows to
+    ``matmul``; None where the C kernels do not apply (no compiler, fp8, int4 groups that are not
+    a multiple of 32)."""
+    if native.library() is None:
+        return None
+    scheme = layer.spec.scheme
+    if scheme in ("int8", "w8a8"):
+        integer = scheme == "w8a8"
+        w, s = layer.qweight, layer.scales.float()
+
+        def rows(x: Tensor) -> Tensor:
+            return q8_matvec(x, w, s, integer)
+
+        what = "int8 x int8" if integer else "int8 x fp32"
+    elif scheme == "int4" and layer.spec.group_size % 32 == 0:
+        w, g = layer.qweight, layer.spec.group_size
+        s = layer.scales.float()
+        sz = s * layer.zeros.float()
+
+        def rows(x: Tensor) -> Tensor:
+            return q4_matvec(x, w, s, sz, g)
+
+        what = "int4 x fp32"
+    else:
+        return None
+
+    def run(x: Tensor) -> Tensor:
+        return rows(x).to(x.dtype) if x.shape[0] <= MATVEC_ROWS else matmul(x)
+
+    return Kernel(f"C {what} ({isa()}); over {MATVEC_ROWS} rows {matmul.name}", run)

@@ -1,0 +1,111 @@
+"""Build and load the C kernels shipped beside this file (``quant_matvec.c``) with the machine's own
+C compiler, for the CPU this runs on (``-march=native``), once per machine.
+
+The library is cached under ``$MINILLM_CACHE`` (default ``~/.cache/minillm``) by a hash of the
+source, the compiler, its flags and the CPU's feature flags: a home directory shared by machines
+with different CPUs builds one library per CPU. Several processes building at once each write a
+file of their own and rename it into place. No compiler, or a build that fails: ``library()``
+returns None and ``library_error()`` says why; the callers keep their other paths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("quant_matvec.c")
+# tried in order: the first that builds is used (OpenMP and -march=native are not everywhere)
+FLAG_SETS = (
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-march=native"),
+    ("-O3", "-mcpu=native"),
+    ("-O3",),
+)
+BUILD_TIMEOUT_S = 120
+
+_state: dict = {}
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags as the kernel sees them (Linux), else the machine's name."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), platform.machine())
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm")) / "kernels"
+
+
+def _build(cc: str) -> Path:
+    source = SOURCE.read_bytes()
+    errors = []
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(flags).encode(), cpu_flags().encode()]))
+        target = cache_dir() / f"quant_matvec-{key.hexdigest()[:16]}.so"
+        if target.exists():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        cmd = [cc, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            done, error = None, str(e)
+        if done is not None and done.returncode == 0:
+            os.replace(tmp, target)
+            return target
+        os.unlink(tmp)
+        errors.append(f"{' '.join(flags)}: {(done.stderr.strip().splitlines() or ['?'])[-1] if done else error}")
+    raise OSError("the C kernels did not build: " + "; ".join(errors))
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels (built on first use), or None where they cannot be built here."""
+    if "lib" in _state:
+        return _state["lib"]
+    lib, error = None, None
+    if os.environ.get("MINILLM_NATIVE", "1") == "0":
+        error = "turned off by MINILLM_NATIVE=0"
+    elif (cc := compiler()) is None:
+        error = "no C compiler found (set CC, or install gcc or clang)"
+    else:
+        try:
+            lib = _declare(ctypes.CDLL(str(_build(cc))))
+        except OSError as e:
+            error = str(e)
+    _state.update(lib=lib, error=error)
+    return lib
+
+
+def library_error() -> str | None:
+    library()
+    return _state["error"]
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i, n = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.q8_f32.argtypes = [p, i, i, p, p, i, p, n]
+    lib.q8_f32.restype = None
+    lib.q8_i8.argtypes = [p, i, i, p, p, i, p, n]
+    lib.q8_i8.restype = n
+    lib.q4_f32.argtypes = [p, i, i, p, p, p, i, i, i, p, n]
+    lib.q4_f32.restype = n
+    lib.minillm_has_avx2.restype = n
+    return lib

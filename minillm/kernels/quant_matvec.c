@@ -1,0 +1,220 @@
+/* Decode-sized products of quantized weights on the CPU: y (M, N) = x (M, K) @ W^T for a few rows
+ * of x (a decode step's tokens), W stored quantized. Each output row of W is read from memory once
+ * for all M rows of x, converted in registers and never written back as floats: the step reads
+ * 1 byte a weight (int8) or 4.5 bits (int4 in groups of 32) instead of 4, and on a CPU whose
+ * decode step is limited by memory that is what it costs.
+ *
+ * Three products, each with an AVX2 path and a portable one (any compiler, any CPU):
+ *   q8_f32  int8 weights, per-row scale; fp32 activations (weight-only int8).
+ *   q8_i8   W8A8: activations rounded to int8 per token here, integer dot products summed exactly
+ *           in int32 (AVX2 vpmaddubsw/vpmaddwd), then one float multiply by both scales.
+ *   q4_f32  int4 codes two per byte (even column in the low nibble), zero point and scale per group
+ *           of g columns; fp32 activations (weight-only int4).
+ * Rows of W are shared out over `nt` OpenMP threads. Built by minillm/kernels/native.py. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline int32_t sum8_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+}
+
+/* 8 int8 -> 8 fp32 */
+static inline __m256 widen8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+/* 8 uint8 -> 8 fp32 */
+static inline __m256 widen8u(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+#endif
+
+int minillm_has_avx2(void) {
+#ifdef __AVX2__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* ---- int8 weights, fp32 activations: y[m, n] = s[n] * sum_k x[m, k] * w[n, k] ---------------- */
+static float dot_q8_f32(const float *x, const int8_t *w, int64_t K) {
+    int64_t k = 0;
+    float acc = 0;
+#ifdef __AVX2__
+    /* four chains hide the FMA's latency; each load widens 8 bytes straight from memory */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; k + 32 <= K; k += 32) {
+        a0 = _mm256_fmadd_ps(widen8(_mm_loadl_epi64((const __m128i *)(w + k))), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(widen8(_mm_loadl_epi64((const __m128i *)(w + k + 8))), _mm256_loadu_ps(x + k + 8), a1);
+        a2 = _mm256_fmadd_ps(widen8(_mm_loadl_epi64((const __m128i *)(w + k + 16))), _mm256_loadu_ps(x + k + 16), a2);
+        a3 = _mm256_fmadd_ps(widen8(_mm_loadl_epi64((const __m128i *)(w + k + 24))), _mm256_loadu_ps(x + k + 24), a3);
+    }
+    acc = sum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+#endif
+    for (; k < K; k++) acc += x[k] * (float)w[k];
+    return acc;
+}
+
+void q8_f32(const float *x, int64_t M, int64_t K, const int8_t *w, const float *s, int64_t N,
+            float *y, int nt) {
+#pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) y[m * N + n] = s[n] * dot_q8_f32(x + m * K, w + n * K, K);
+}
+
+/* ---- W8A8: int8 x int8 summed in int32 ------------------------------------------------------ */
+/* a row of x -> int8 codes and one scale t, as minillm.compression.fastpath.quantize_tokens:
+ * t = max|x| / 127 (at least 1e-12 / 127), a = round-half-even(x / t) clamped to +-127. */
+static float quantize_row(const float *x, int64_t K, int8_t *a) {
+    float peak = 0;
+    for (int64_t k = 0; k < K; k++) peak = fmaxf(peak, fabsf(x[k]));
+    float t = fmaxf(peak, 1e-12f) / 127.0f;
+    for (int64_t k = 0; k < K; k++) {
+        float r = nearbyintf(x[k] / t);
+        a[k] = (int8_t)fminf(fmaxf(r, -127.0f), 127.0f);
+    }
+    return t;
+}
+
+static int32_t dot_i8(const int8_t *a, const int8_t *w, int64_t K) {
+    int64_t k = 0;
+    int32_t acc = 0;
+#ifdef __AVX2__
+    /* vpmaddubsw multiplies unsigned by signed bytes: |a| times w with a's sign moved onto w. Each
+     * pair sums to at most 2 * 127 * 127 < 2^15, so the 16-bit sums never saturate. */
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0;
+    for (; k + 64 <= K; k += 64) {
+        __m256i va = _mm256_loadu_si256((const __m256i *)(a + k));
+        __m256i vw = _mm256_loadu_si256((const __m256i *)(w + k));
+        __m256i vb = _mm256_loadu_si256((const __m256i *)(a + k + 32));
+        __m256i vv = _mm256_loadu_si256((const __m256i *)(w + k + 32));
+        __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(va, va), _mm256_sign_epi8(vw, va));
+        __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(vb, vb), _mm256_sign_epi8(vv, vb));
+        c0 = _mm256_add_epi32(c0, _mm256_madd_epi16(p0, ones));
+        c1 = _mm256_add_epi32(c1, _mm256_madd_epi16(p1, ones));
+    }
+    for (; k + 32 <= K; k += 32) {
+        __m256i va = _mm256_loadu_si256((const __m256i *)(a + k));
+        __m256i vw = _mm256_loadu_si256((const __m256i *)(w + k));
+        __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(va, va), _mm256_sign_epi8(vw, va));
+        c0 = _mm256_add_epi32(c0, _mm256_madd_epi16(p0, ones));
+    }
+    acc = sum8_i32(_mm256_add_epi32(c0, c1));
+#endif
+    for (; k < K; k++) acc += (int32_t)a[k] * (int32_t)w[k];
+    return acc;
+}
+
+int q8_i8(const float *x, int64_t M, int64_t K, const int8_t *w, const float *s, int64_t N, float *y,
+          int nt) {
+    int8_t *a = malloc((size_t)(M * K));
+    float *t = malloc((size_t)M * sizeof(float));
+    if (!a || !t) {
+        free(a);
+        free(t);
+        return 1;
+    }
+    for (int64_t m = 0; m < M; m++) t[m] = quantize_row(x + m * K, K, a + m * K);
+#pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++)
+            y[m * N + n] = (float)dot_i8(a + m * K, w + n * K, K) * t[m] * s[n];
+    free(a);
+    free(t);
+    return 0;
+}
+
+/* ---- int4 weights in groups, fp32 activations ------------------------------------------------
+ * w[n, k] = (code - z) * s for k in group j = k / g, so
+ *   y[m, n] = sum_j s[n, j] * (sum_{k in j} x[m, k] * code[n, k]) - sum_j s[n, j] z[n, j] X[m, j]
+ * with X[m, j] the sum of x over group j: codes enter the inner loop as they are, the zero point
+ * once per group. The 16 bytes of 32 columns hold the even columns' codes in their low nibbles
+ * and the odd columns' in the high: x is reordered the same way (16 even, then 16 odd) once per
+ * call, so that both nibbles meet their activations with plain vector loads. */
+static void reorder_row(const float *x, int64_t K, int64_t Kp, int64_t g, float *xp, float *X) {
+    for (int64_t c = 0; c < Kp; c += 32)
+        for (int j = 0; j < 16; j++) {
+            int64_t e = c + 2 * j, o = e + 1;
+            xp[c + j] = e < K ? x[e] : 0.0f;
+            xp[c + 16 + j] = o < K ? x[o] : 0.0f;
+        }
+    for (int64_t j = 0; j < Kp / g; j++) {
+        float acc = 0;
+        for (int64_t k = j * g; k < (j + 1) * g && k < K; k++) acc += x[k];
+        X[j] = acc;
+    }
+}
+
+static float dot_q4_f32(const float *xp, const float *X, const uint8_t *w, const float *s,
+                        const float *sz, int64_t G, int64_t g) {
+    float acc = 0;
+    int64_t j = 0;
+#ifdef __AVX2__
+    /* two groups in flight (their scale multiplies chain into two accumulators), and the zero
+     * points' term a vector dot product of its own after the loop */
+    const __m128i low = _mm_set1_epi8(0x0f);
+    __m256 v0 = _mm256_setzero_ps(), v1 = v0;
+    for (; j < G; j++) {
+        __m256 d0 = _mm256_setzero_ps(), d1 = d0;
+        for (int64_t c = j * g; c < (j + 1) * g; c += 32) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(w + c / 2));
+            __m128i even = _mm_and_si128(b, low), odd = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+            d0 = _mm256_fmadd_ps(widen8u(even), _mm256_loadu_ps(xp + c), d0);
+            d1 = _mm256_fmadd_ps(widen8u(_mm_srli_si128(even, 8)), _mm256_loadu_ps(xp + c + 8), d1);
+            d0 = _mm256_fmadd_ps(widen8u(odd), _mm256_loadu_ps(xp + c + 16), d0);
+            d1 = _mm256_fmadd_ps(widen8u(_mm_srli_si128(odd, 8)), _mm256_loadu_ps(xp + c + 24), d1);
+        }
+        if (j & 1)
+            v1 = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_add_ps(d0, d1), v1);
+        else
+            v0 = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_add_ps(d0, d1), v0);
+    }
+    __m256 z = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= G; j += 8) z = _mm256_fmadd_ps(_mm256_loadu_ps(sz + j), _mm256_loadu_ps(X + j), z);
+    acc = sum8(_mm256_add_ps(v0, v1)) - sum8(z);
+    for (; j < G; j++) acc -= sz[j] * X[j];
+#else
+    float zacc = 0;
+    for (; j < G; j++) {
+        float d = 0;
+        for (int64_t c = j * g; c < (j + 1) * g; c += 32)
+            for (int i = 0; i < 16; i++) {
+                uint8_t b = w[c / 2 + i];
+                d += xp[c + i] * (float)(b & 15) + xp[c + 16 + i] * (float)(b >> 4);
+            }
+        acc += s[j] * d;
+        zacc += sz[j] * X[j];
+    }
+    acc -= zacc;
+#endif
+    return acc;
+}
+
+/* w (N, Kp / 2) packed codes, s and sz = s * zero (N, G) fp32, Kp = G * g, g % 32 == 0. */
+int q4_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, const float *s, const float *sz,
+           int64_t N, int64_t Kp, int64_t g, float *y, int nt) {
+    int64_t G = Kp / g;
+    float *xp = malloc((size_t)(M * Kp) * sizeof(float)), *X = malloc((size_t)(M * G) * sizeof(float));
+    if (!xp || !X) {
+        free(xp);
+        free(X);
+        return 1;
+    }
+    for (int64_t m = 0; m < M; m++) reorder_row(x + m * K, K, Kp, g, xp + m * Kp, X + m * G);
+#pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++)
+            y[m * N + n] = dot_q4_f32(xp + m * Kp, X + m * G, w + n * (Kp / 2), s + n * G, sz + n * G, G, g);
+    free(xp);
+    free(X);
+    return 0;
+}

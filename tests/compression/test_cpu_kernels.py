@@ -1,0 +1,163 @@
+"""minillm's C kernels for a decode step's rows (kernels/quant_matvec.c through
+compression.cpu_kernels): each against the reference product, on shapes whose K is and is not a
+multiple of the vector width, across thread counts, inside a compiled function and a model's
+greedy decode; where they hand over to the matmul path; and the build's fallbacks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import minillm
+from minillm import generate
+from minillm.compression import cpu_kernels, quant, quantize
+from minillm.compression.quant import QuantizedLinear, QuantSpec, quantized_layers, w8a8_matmul
+from minillm.kernels import native
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no C kernels here: {native.library_error()}")
+
+SCHEMES = [("int8", None), ("w8a8", None), ("int4", 32), ("int4", 64), ("int4", 128)]
+
+
+def layer(scheme, group, n, k, seed=0, bias=False):
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=bias)
+    return QuantizedLinear.from_linear(lin, QuantSpec.make(scheme, group))
+
+
+def reference(q: QuantizedLinear, x):
+    q_bias, q.bias = q.bias, None
+    try:
+        return q.forward_reference(x)
+    finally:
+        q.bias = q_bias
+
+
+@pytest.mark.parametrize("scheme, group", SCHEMES)
+@pytest.mark.parametrize("n, k, m", [(64, 128, 1), (7, 100, 3), (40, 320, 16), (33, 1000, 2)])
+def test_each_c_kernel_equals_the_reference_product(scheme, group, n, k, m):
+    """int8 and int4 against dequantize-then-matmul (fp32, summed in another order: 1e-5 of the
+    output's scale); W8A8 against ``w8a8_matmul`` exactly: the same 8-bit codes of each token
+    (the same rounding, half to even) and integer sums, exact in int32 here and in fp32 there
+    while below 2**24."""
+    q = layer(scheme, group, n, k, seed=n + k)
+    kernel = q.kernel(torch.device("cpu"), torch.float32)
+    assert q.path.startswith("C ")
+    x = torch.randn(m, k) * torch.logspace(-1, 1, m)[:, None]
+    got, ref = kernel(x), reference(q, x)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    if scheme == "w8a8":
+        assert torch.equal(got, w8a8_matmul(x, q.qweight, q.scales))
+    else:
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("scheme, group", SCHEMES)
+def test_threads_share_out_rows_and_change_no_result(scheme, group):
+    q = layer(scheme, group, 300, 256)
+    kernel = q.kernel(torch.device("cpu"), torch.float32)
+    x = torch.randn(4, 256)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(x)
+        torch.set_num_threads(2)
+        two = kernel(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)  # each output is one row's dot product, whichever thread runs it
+
+
+@pytest.mark.parametrize("scheme, group", SCHEMES)
+def test_a_prompts_rows_go_to_the_matmul_path(scheme, group):
+    """More than MATVEC_ROWS rows: the layer's matmul path runs (fp32: the reference; W8A8: the
+    quantized engine where this torch has one), up to MATVEC_ROWS the C kernel."""
+    cpu = torch.device("cpu")
+    q = layer(scheme, group, 48, 96, bias=True)
+    matmul = quant._cpu_matmul(q, cpu, torch.float32) or quant._reference(q)
+    assert q.path == "reference" and q.kernel(cpu, torch.float32).name.endswith(f"over 16 rows {matmul.name}")
+    x = torch.randn(2, cpu_kernels.MATVEC_ROWS + 1, 96)
+    many = matmul(x.view(-1, 96)).view(2, -1, 48) + q.bias
+    torch.testing.assert_close(q(x), many, rtol=0, atol=0)
+    few = torch.randn(cpu_kernels.MATVEC_ROWS, 96)
+    assert not torch.equal(q(few), matmul(few) + q.bias)  # another kernel: sums in another order
+
+
+def test_bf16_activations_meet_the_kernel_in_fp32_and_leave_in_bf16():
+    q = layer("int4", 32, 64, 128).to(torch.bfloat16)
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    y = q(x)
+    assert y.dtype == torch.bfloat16 and q.path.startswith("C int4")
+    ref = reference(q, x.float()).to(torch.bfloat16)  # the kernel rounds once, at the end
+    torch.testing.assert_close(y.float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_fp8_and_other_groups_keep_their_paths():
+    assert cpu_kernels.decode_kernel(layer("fp8", None, 8, 64), None) is None
+    assert cpu_kernels.decode_kernel(layer("int4", 16, 8, 64), None) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme, group", [("int8", None), ("w8a8", None), ("int4", 32)])
+def test_compiled_the_op_is_called_between_the_graphs_kernels(scheme, group):
+    q = layer(scheme, group, 64, 128, bias=True)
+    q.kernel(torch.device("cpu"), torch.float32)
+    f = torch.compile(lambda x: torch.relu(q(x)) * 2, fullgraph=True)
+    x = torch.randn(1, 1, 128)
+    torch.testing.assert_close(f(x), torch.relu(q(x)) * 2, rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def target():
+    model, tokenizer = minillm.load("minillm-target", device="cpu")
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("scheme, group", [("int8", None), ("w8a8", None), ("int4", 32)])
+def test_greedy_decode_through_the_c_kernels_equals_the_reference_paths(target, scheme, group):
+    """The bundled target quantized: its greedy tokens with the C kernels (every decode step) are
+    the tokens the reference products give, token for token."""
+    model, tok = target
+    q = quantize(copy.deepcopy(model), scheme, group)
+    assert all(layer.path.startswith("C ") for layer in quantized_layers(q).values())
+    prompt = torch.tensor([tok.encode("Once upon a time there was a little")])
+    fast = generate(q, prompt, max_new_tokens=24).tokens
+    for layer in quantized_layers(q).values():
+        layer._fast[(torch.device("cpu"), torch.float32)] = None  # the reference path from here
+    slow = generate(q, prompt, max_new_tokens=24).tokens
+    assert {layer.path for layer in quantized_layers(q).values()} == {"reference"}
+    assert torch.equal(fast, slow)
+
+
+def test_without_a_compiler_the_layers_keep_their_other_paths(monkeypatch, tmp_path):
+    """A compiler that fails every flag set: no library, the reason names the build, and a
+    layer's kernel falls back to the matmul path (fp32: the reference)."""
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    assert native.library() is None
+    assert "did not build" in native.library_error() and "-march=native" in native.library_error()
+    q = layer("int8", None, 8, 64)
+    assert q.kernel(torch.device("cpu"), torch.float32) is None and q.path == "reference"
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("MINILLM_NATIVE", "0")
+    assert native.library() is None and "MINILLM_NATIVE=0" in native.library_error()
+    monkeypatch.setattr(native, "_state", {})  # the real library again for the tests after this
+
+
+def test_the_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    assert native.library() is not None
+    built = list((tmp_path / "kernels").glob("quant_matvec-*.so"))
+    assert len(built) == 1
+    monkeypatch.setattr(native, "_state", {})
+    stamp = built[0].stat().st_mtime_ns
+    assert native.library() is not None and built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    monkeypatch.setattr(native, "cpu_flags", lambda: "flags: another cpu")
+    monkeypatch.setattr(native, "_state", {})
+    assert native.library() is not None
+    assert len(list((tmp_path / "kernels").glob("quant_matvec-*.so"))) == 2
+    monkeypatch.setattr(native, "_state", {})
