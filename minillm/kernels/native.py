@@ -52,14 +52,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm")) / "kernels"
 
 
+def _target(source: bytes, cc: str, flags: tuple[str, ...]) -> Path:
+    key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(flags).encode(), cpu_flags().encode()]))
+    return cache_dir() / f"quant_matvec-{key.hexdigest()[:16]}.so"
+
+
 def _build(cc: str) -> Path:
     source = SOURCE.read_bytes()
+    targets = {flags: _target(source, cc, flags) for flags in FLAG_SETS}
+    built = next((t for t in targets.values() if t.exists()), None)  # a flag set that built before
+    if built is not None:
+        return built
     errors = []
-    for flags in FLAG_SETS:
-        key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(flags).encode(), cpu_flags().encode()]))
-        target = cache_dir() / f"quant_matvec-{key.hexdigest()[:16]}.so"
-        if target.exists():
-            return target
+    for flags, target in targets.items():
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
@@ -67,12 +72,14 @@ def _build(cc: str) -> Path:
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:
-            done, error = None, str(e)
-        if done is not None and done.returncode == 0:
+            os.unlink(tmp)
+            errors.append(f"{' '.join(flags)}: {e}")
+            continue
+        if done.returncode == 0:
             os.replace(tmp, target)
             return target
         os.unlink(tmp)
-        errors.append(f"{' '.join(flags)}: {(done.stderr.strip().splitlines() or ['?'])[-1] if done else error}")
+        errors.append(f"{' '.join(flags)}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
     raise OSError("the C kernels did not build: " + "; ".join(errors))
 
 

@@ -27,14 +27,6 @@ def layer(scheme, group, n, k, seed=0, bias=False):
     return QuantizedLinear.from_linear(lin, QuantSpec.make(scheme, group))
 
 
-def reference(q: QuantizedLinear, x):
-    q_bias, q.bias = q.bias, None
-    try:
-        return q.forward_reference(x)
-    finally:
-        q.bias = q_bias
-
-
 @pytest.mark.parametrize("scheme, group", SCHEMES)
 @pytest.mark.parametrize("n, k, m", [(64, 128, 1), (7, 100, 3), (40, 320, 16), (33, 1000, 2)])
 def test_each_c_kernel_equals_the_reference_product(scheme, group, n, k, m):
@@ -46,7 +38,7 @@ def test_each_c_kernel_equals_the_reference_product(scheme, group, n, k, m):
     kernel = q.kernel(torch.device("cpu"), torch.float32)
     assert q.path.startswith("C ")
     x = torch.randn(m, k) * torch.logspace(-1, 1, m)[:, None]
-    got, ref = kernel(x), reference(q, x)
+    got, ref = kernel(x), quant._reference(q)(x)
     assert got.shape == (m, n) and got.dtype == torch.float32
     if scheme == "w8a8":
         assert torch.equal(got, w8a8_matmul(x, q.qweight, q.scales))
@@ -90,7 +82,7 @@ def test_bf16_activations_meet_the_kernel_in_fp32_and_leave_in_bf16():
     x = torch.randn(3, 128).to(torch.bfloat16)
     y = q(x)
     assert y.dtype == torch.bfloat16 and q.path.startswith("C int4")
-    ref = reference(q, x.float()).to(torch.bfloat16)  # the kernel rounds once, at the end
+    ref = quant._reference(q)(x.float()).to(torch.bfloat16)  # the kernel rounds once, at the end
     torch.testing.assert_close(y.float(), ref.float(), rtol=1e-2, atol=1e-2)
 
 
