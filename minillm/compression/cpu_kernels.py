@@ -11,7 +11,9 @@ activations per token, integer dot products exact in int32) and ``q4_f32`` (int4
 
 They serve up to ``MATVEC_ROWS`` rows; a longer input (a prompt) goes to the layer's matmul path,
 which reads its weights once for many rows. Each op is opaque to torch.compile (a custom op), so a
-compiled step calls it between the graph's fused kernels. ``MINILLM_NATIVE=0`` turns them off.
+compiled step calls it between the graph's fused kernels; it returns its rows rounded to the
+activations' dtype itself, so eager and compiled steps see the same values. ``MINILLM_NATIVE=0``
+turns them off.
 
 ``layer`` is a ``quant.QuantizedLinear`` (typed ``nn.Module``: ``quant`` imports this module).
 """
@@ -45,8 +47,8 @@ _OPS.define("q4_matvec_cpu(Tensor x, Tensor w, Tensor s, Tensor sz, int group_si
 
 
 def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
-    """x (M, K) float, w int8 (N, K), s fp32 (N,) -> (M, N) fp32; ``integer``: W8A8."""
-    x = x.float().contiguous()
+    """x (M, K) float, w int8 (N, K), s fp32 (N,) -> (M, N) in x's dtype; ``integer``: W8A8."""
+    dtype, x = x.dtype, x.float().contiguous()
     (m, k), n = x.shape, w.shape[0]
     y = x.new_empty(m, n)
     args = (x.data_ptr(), m, k, w.data_ptr(), s.data_ptr(), n, y.data_ptr(), torch.get_num_threads())
@@ -55,13 +57,13 @@ def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
         _call(lib.q8_i8(*args), "q8_i8")
     else:
         lib.q8_f32(*args)
-    return y
+    return y.to(dtype)
 
 
 def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, sz: Tensor, group_size: int) -> Tensor:
     """x (M, K) float, w uint8 (N, G * g / 2) packed codes, s and sz = s * zero fp32 (N, G)
-    -> (M, N) fp32."""
-    x = x.float().contiguous()
+    -> (M, N) in x's dtype."""
+    dtype, x = x.dtype, x.float().contiguous()
     (m, k), n = x.shape, w.shape[0]
     y = x.new_empty(m, n)
     lib = native.library()
@@ -70,7 +72,7 @@ def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, sz: Tensor, group_size: int) -> 
         y.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     _call(status, "q4_f32")
-    return y
+    return y.to(dtype)
 
 
 _OPS.impl("q8_matvec_cpu", _q8_matvec, "CPU")
@@ -79,12 +81,12 @@ _OPS.impl("q4_matvec_cpu", _q4_matvec, "CPU")
 
 @torch.library.register_fake("minillm::q8_matvec_cpu", lib=_OPS)
 def _(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
-    return x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
+    return x.new_empty(x.shape[0], w.shape[0])
 
 
 @torch.library.register_fake("minillm::q4_matvec_cpu", lib=_OPS)
 def _(x: Tensor, w: Tensor, s: Tensor, sz: Tensor, group_size: int) -> Tensor:
-    return x.new_empty(x.shape[0], w.shape[0], dtype=torch.float32)
+    return x.new_empty(x.shape[0], w.shape[0])
 
 
 q8_matvec = torch.ops.minillm.q8_matvec_cpu.default
@@ -119,6 +121,6 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
         return None
 
     def run(x: Tensor) -> Tensor:
-        return rows(x).to(x.dtype) if x.shape[0] <= MATVEC_ROWS else matmul(x)
+        return rows(x) if x.shape[0] <= MATVEC_ROWS else matmul(x)
 
     return Kernel(f"C {what} ({isa()}); over {MATVEC_ROWS} rows {matmul.name}", run)

@@ -407,7 +407,7 @@ def fast_kernel(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype
     bf16 (and fp16), its quantized engine for W8A8, dequantize-then-matmul for fp32 (PyTorch's
     packed kernels are slower than that with fp32 activations)."""
     if device.type == "cpu":
-        matmul = _cpu_matmul(layer, device, dtype)
+        matmul = cpu_matmul_kernel(layer, device, dtype)
         tol = W8A8_TOLERANCE if layer.spec.scheme == "w8a8" else None
         rows = check_kernel(cpu_decode_kernel(layer, matmul or _reference(layer)), layer, device, dtype, tol)
         return rows or matmul
@@ -421,7 +421,7 @@ def fast_kernel(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype
     return None
 
 
-def _cpu_matmul(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype) -> Kernel | None:
+def cpu_matmul_kernel(layer: QuantizedLinear, device: torch.device, dtype: torch.dtype) -> Kernel | None:
     """PyTorch's packed CPU kernel for many rows, checked, or None for the reference."""
     scheme = layer.spec.scheme
     try:

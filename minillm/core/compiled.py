@@ -178,14 +178,17 @@ def compiling(device: torch.device, weights: int | None = None):
     sets the speed: on an AMD EPYC, one thread, minillm-target (24 MB) decodes 1.8x faster so
     (3.1 ms a step against 5.5), for 42 s of compiling instead of 13; a SmolLM2-360M (1.4 GB),
     which streams its weights from memory with either kernel, gains nothing and compiles twice as
-    long. ``MINILLM_AUTOTUNE=0`` turns it off (the test suite does, for its compile time).
-    Inductor reads these flags while it compiles, so they are set around the calls that compile."""
+    long. ``MINILLM_AUTOTUNE=0`` turns it off (the test suite does, for its compile time). A fused
+    kernel rounds to bf16 (or fp16) wherever eager code would (``emulate_precision_casts``), not
+    only at its end: a compiled low-precision step gives eager's tokens, not a near tie's other
+    side. Inductor reads these flags while it compiles, so they are set around the calls that compile."""
     if device.type == "cuda":
         return torch._inductor.config.patch(freezing=False)
     autotune = weights is not None and weights <= AUTOTUNE_BYTES and os.environ.get("MINILLM_AUTOTUNE", "1") != "0"
+    same_rounding = {"freezing": True, "emulate_precision_casts": True}
     if not autotune:
-        return torch._inductor.config.patch(freezing=True)
-    return torch._inductor.config.patch(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
+        return torch._inductor.config.patch(**same_rounding)
+    return torch._inductor.config.patch(**same_rounding, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
 
 
 def own_code(fn: types.FunctionType) -> types.FunctionType:

@@ -68,7 +68,7 @@ def test_a_prompts_rows_go_to_the_matmul_path(scheme, group):
     quantized engine where this torch has one), up to MATVEC_ROWS the C kernel."""
     cpu = torch.device("cpu")
     q = layer(scheme, group, 48, 96, bias=True)
-    matmul = quant._cpu_matmul(q, cpu, torch.float32) or quant._reference(q)
+    matmul = quant.cpu_matmul_kernel(q, cpu, torch.float32) or quant._reference(q)
     assert q.path == "reference" and q.kernel(cpu, torch.float32).name.endswith(f"over 16 rows {matmul.name}")
     x = torch.randn(2, cpu_kernels.MATVEC_ROWS + 1, 96)
     many = matmul(x.view(-1, 96)).view(2, -1, 48) + q.bias
