@@ -7,7 +7,9 @@ and int4 compute in bf16 (slow on a CPU without bf16 instructions) or dequantize
 first (reading more bytes than fp32 itself); its quantized engine's W8A8 has a fixed cost per call
 and, without VNNI, keeps activations to 7 bits. The C products read each weight once, in its
 stored form, and convert it in registers: ``q8_f32`` (int8 x fp32), ``q8_i8`` (W8A8: 8-bit
-activations per token, integer dot products exact in int32) and ``q4_f32`` (int4 groups x fp32).
+activations per token, integer dot products exact in int32) and ``q4_f32`` (int4 groups x fp32;
+with AVX-512 VNNI the codes stay integers and each block of 32 activations is rounded to 16 bits,
+``int4_rounds_activations``: converting every code to a float cost more than reading it).
 
 They serve up to ``MATVEC_ROWS`` rows; a longer input (a prompt) goes to the layer's matmul path,
 which reads its weights once for many rows. Each op is opaque to torch.compile (a custom op), so a
@@ -29,9 +31,19 @@ from .fastpath import Kernel
 MATVEC_ROWS = 16  # up to this many rows the C kernels run; more go to the layer's matmul path
 
 
+ISAS = ("portable C", "AVX2", "AVX-512", "AVX-512 VNNI")  # by kernels.native's minillm_isa()
+
+
 def isa() -> str:
+    """The instructions the C kernels were built for on this CPU (the widest their build found)."""
     lib = native.library()
-    return "AVX2" if lib is not None and lib.minillm_has_avx2() else "portable C"
+    return ISAS[lib.minillm_isa()] if lib is not None else "portable C"
+
+
+def int4_rounds_activations() -> bool:
+    """Whether the int4 kernel multiplies integers (AVX-512 VNNI): each block of 32 activations
+    rounded to 16 bits (within 2^-16 of the block's largest), the codes never converted to float."""
+    return isa() == "AVX-512 VNNI"
 
 
 def _call(status: int | None, what: str) -> None:
@@ -116,7 +128,7 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
         def rows(x: Tensor) -> Tensor:
             return q4_matvec(x, w, s, sz, g)
 
-        what = "int4 x fp32"
+        what = "int4 x 16-bit blocks" if int4_rounds_activations() else "int4 x fp32"
     else:
         return None
 

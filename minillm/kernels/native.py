@@ -57,9 +57,9 @@ def _target(source: bytes, cc: str, flags: tuple[str, ...]) -> Path:
     return cache_dir() / f"quant_matvec-{key.hexdigest()[:16]}.so"
 
 
-def _build(cc: str) -> Path:
+def _build(cc: str, flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> Path:
     source = SOURCE.read_bytes()
-    targets = {flags: _target(source, cc, flags) for flags in FLAG_SETS}
+    targets = {flags: _target(source, cc, flags) for flags in flag_sets}
     built = next((t for t in targets.values() if t.exists()), None)  # a flag set that built before
     if built is not None:
         return built
@@ -101,6 +101,14 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def library_built_with(flags: tuple[str, ...]) -> ctypes.CDLL:
+    """The kernels built with these flags only (another instruction set's path, for tests)."""
+    cc = compiler()
+    if cc is None:
+        raise OSError("no C compiler found (set CC, or install gcc or clang)")
+    return _declare(ctypes.CDLL(str(_build(cc, (flags,)))))
+
+
 def library_error() -> str | None:
     library()
     return _state["error"]
@@ -114,5 +122,5 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.q8_i8.restype = n
     lib.q4_f32.argtypes = [p, i, i, p, p, p, i, i, i, p, n]
     lib.q4_f32.restype = n
-    lib.minillm_has_avx2.restype = n
+    lib.minillm_isa.restype = n
     return lib

@@ -4,17 +4,25 @@
  * 1 byte a weight (int8) or 4.5 bits (int4 in groups of 32) instead of 4, and on a CPU whose
  * decode step is limited by memory that is what it costs.
  *
- * Three products, each with an AVX2 path and a portable one (any compiler, any CPU):
+ * Three products, each with an AVX-512 path, an AVX2 path and a portable one (any compiler, any CPU):
  *   q8_f32  int8 weights, per-row scale; fp32 activations (weight-only int8).
  *   q8_i8   W8A8: activations rounded to int8 per token here, integer dot products summed exactly
- *           in int32 (AVX2 vpmaddubsw/vpmaddwd), then one float multiply by both scales.
+ *           in int32 (AVX-512 VNNI vpdpbusd, else AVX2 vpmaddubsw/vpmaddwd), then one float
+ *           multiply by both scales.
  *   q4_f32  int4 codes two per byte (even column in the low nibble), zero point and scale per group
- *           of g columns; fp32 activations (weight-only int4).
+ *           of g columns; fp32 activations (weight-only int4), with AVX-512 VNNI rounded to 16
+ *           bits per block of 32 and multiplied by the codes in integers.
  * Rows of W are shared out over `nt` OpenMP threads. Built by minillm/kernels/native.py. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MINILLM_AVX512 1
+#endif
+#if defined(MINILLM_AVX512) && defined(__AVX512VNNI__)
+#define MINILLM_VNNI 1
+#endif
 #ifdef __AVX2__
 #include <immintrin.h>
 
@@ -35,9 +43,19 @@ static inline __m256 widen8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi
 /* 8 uint8 -> 8 fp32 */
 static inline __m256 widen8u(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
 #endif
+#ifdef MINILLM_AVX512
+/* 16 int8 -> 16 fp32, 16 uint8 -> 16 fp32 */
+static inline __m512 widen16(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+static inline __m512 widen16u(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+#endif
 
-int minillm_has_avx2(void) {
-#ifdef __AVX2__
+/* the widest path this build takes: 0 portable C, 1 AVX2, 2 AVX-512, 3 AVX-512 with VNNI */
+int minillm_isa(void) {
+#if defined(MINILLM_VNNI)
+    return 3;
+#elif defined(MINILLM_AVX512)
+    return 2;
+#elif defined(__AVX2__)
     return 1;
 #else
     return 0;
@@ -48,7 +66,21 @@ int minillm_has_avx2(void) {
 static float dot_q8_f32(const float *x, const int8_t *w, int64_t K) {
     int64_t k = 0;
     float acc = 0;
-#ifdef __AVX2__
+#if defined(MINILLM_AVX512)
+    /* 16 weights a vector; four chains hide the FMA's latency; the tail is a masked load */
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; k + 64 <= K; k += 64) {
+        a0 = _mm512_fmadd_ps(widen16(_mm_loadu_si128((const __m128i *)(w + k))), _mm512_loadu_ps(x + k), a0);
+        a1 = _mm512_fmadd_ps(widen16(_mm_loadu_si128((const __m128i *)(w + k + 16))), _mm512_loadu_ps(x + k + 16), a1);
+        a2 = _mm512_fmadd_ps(widen16(_mm_loadu_si128((const __m128i *)(w + k + 32))), _mm512_loadu_ps(x + k + 32), a2);
+        a3 = _mm512_fmadd_ps(widen16(_mm_loadu_si128((const __m128i *)(w + k + 48))), _mm512_loadu_ps(x + k + 48), a3);
+    }
+    for (; k < K; k += 16) {
+        __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+        a0 = _mm512_fmadd_ps(widen16(_mm_maskz_loadu_epi8(m, w + k)), _mm512_maskz_loadu_ps(m, x + k), a0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(__AVX2__)
     /* four chains hide the FMA's latency; each load widens 8 bytes straight from memory */
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (; k + 32 <= K; k += 32) {
@@ -87,7 +119,27 @@ static float quantize_row(const float *x, int64_t K, int8_t *a) {
 static int32_t dot_i8(const int8_t *a, const int8_t *w, int64_t K) {
     int64_t k = 0;
     int32_t acc = 0;
-#ifdef __AVX2__
+#if defined(MINILLM_VNNI)
+    /* vpdpbusd adds four u8 x s8 products into each 32-bit lane, exactly. a + 128 (a XOR 0x80 read
+     * as unsigned) is a u8, and sum (a + 128) w = sum a w + 128 sum w: the second sum is one more
+     * vpdpbusd of ones by w. 64 bytes a step; the tail is a masked load (zeros add nothing). */
+    const __m512i flip = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, s0 = c0, s1 = c0;
+    for (; k + 128 <= K; k += 128) {
+        __m512i vw = _mm512_loadu_si512((const void *)(w + k)), vv = _mm512_loadu_si512((const void *)(w + k + 64));
+        c0 = _mm512_dpbusd_epi32(c0, _mm512_xor_si512(_mm512_loadu_si512((const void *)(a + k)), flip), vw);
+        c1 = _mm512_dpbusd_epi32(c1, _mm512_xor_si512(_mm512_loadu_si512((const void *)(a + k + 64)), flip), vv);
+        s0 = _mm512_dpbusd_epi32(s0, ones, vw);
+        s1 = _mm512_dpbusd_epi32(s1, ones, vv);
+    }
+    for (; k < K; k += 64) {
+        __mmask64 m = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1);
+        __m512i vw = _mm512_maskz_loadu_epi8(m, w + k);
+        c0 = _mm512_dpbusd_epi32(c0, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, a + k), flip), vw);
+        s0 = _mm512_dpbusd_epi32(s0, ones, vw);
+    }
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1)) - 128 * _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
+#elif defined(__AVX2__)
     /* vpmaddubsw multiplies unsigned by signed bytes: |a| times w with a's sign moved onto w. Each
      * pair sums to at most 2 * 127 * 127 < 2^15, so the 16-bit sums never saturate. */
     const __m256i ones = _mm256_set1_epi16(1);
@@ -133,6 +185,7 @@ int q8_i8(const float *x, int64_t M, int64_t K, const int8_t *w, const float *s,
     return 0;
 }
 
+#ifndef MINILLM_VNNI
 /* ---- int4 weights in groups, fp32 activations ------------------------------------------------
  * w[n, k] = (code - z) * s for k in group j = k / g, so
  *   y[m, n] = sum_j s[n, j] * (sum_{k in j} x[m, k] * code[n, k]) - sum_j s[n, j] z[n, j] X[m, j]
@@ -158,7 +211,30 @@ static float dot_q4_f32(const float *xp, const float *X, const uint8_t *w, const
                         const float *sz, int64_t G, int64_t g) {
     float acc = 0;
     int64_t j = 0;
-#ifdef __AVX2__
+#if defined(MINILLM_AVX512)
+    /* as the AVX2 path below, 16 columns a vector: the low nibbles of 16 bytes are 16 even
+     * columns, the high nibbles the 16 odd ones */
+    const __m128i low = _mm_set1_epi8(0x0f);
+    __m512 v0 = _mm512_setzero_ps(), v1 = v0;
+    for (; j < G; j++) {
+        __m512 d0 = _mm512_setzero_ps(), d1 = d0;
+        for (int64_t c = j * g; c < (j + 1) * g; c += 32) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(w + c / 2));
+            d0 = _mm512_fmadd_ps(widen16u(_mm_and_si128(b, low)), _mm512_loadu_ps(xp + c), d0);
+            d1 = _mm512_fmadd_ps(widen16u(_mm_and_si128(_mm_srli_epi16(b, 4), low)), _mm512_loadu_ps(xp + c + 16), d1);
+        }
+        if (j & 1)
+            v1 = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_add_ps(d0, d1), v1);
+        else
+            v0 = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_add_ps(d0, d1), v0);
+    }
+    __m512 z = _mm512_setzero_ps();
+    for (j = 0; j < G; j += 16) {
+        __mmask16 m = G - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (G - j)) - 1);
+        z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, sz + j), _mm512_maskz_loadu_ps(m, X + j), z);
+    }
+    acc = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) - _mm512_reduce_add_ps(z);
+#elif defined(__AVX2__)
     /* two groups in flight (their scale multiplies chain into two accumulators), and the zero
      * points' term a vector dot product of its own after the loop */
     const __m128i low = _mm_set1_epi8(0x0f);
@@ -199,10 +275,113 @@ static float dot_q4_f32(const float *xp, const float *X, const uint8_t *w, const
     return acc;
 }
 
+#endif
+
+#ifdef MINILLM_VNNI
+/* ---- int4 with VNNI: the codes multiplied by integers ------------------------------------------
+ * Converting each 4-bit code to a float costs more than reading it. With VNNI the codes stay
+ * integers: each block of 32 activations is rounded to 16 bits with a scale of its own
+ * (t = max|x| / 32767: within 2^-16 of the block's largest, finer than bf16's 2^-9), each 16-bit
+ * a written as two bytes a = 256 h + l (h signed, l unsigned), and vpdpbusd sums code x h and
+ * l x code exactly in 32-bit lanes (codes are 0..15: a u8 and an s8 alike). Per 128 columns
+ * (4 blocks, 64 bytes of codes) the row holds, in this order, h of the even columns, h of the
+ * odd ones, l of the even, l of the odd (64 bytes each, block by block, 16 columns a block),
+ * then 16 floats: each block's t for the 4 lanes that sum its products. */
+#define Q4_CHUNK 128
+#define Q4_DIGITS (4 * 64)
+
+static void digits_row(const float *x, int64_t K, int64_t Kp, int64_t g, uint8_t *d, float *t, float *X) {
+    int64_t nb = Kp / 32, nq = (nb + 3) / 4;
+    memset(d, 0, (size_t)(nq * Q4_DIGITS));
+    memset(t, 0, (size_t)(nq * 16) * sizeof(float));
+    for (int64_t b = 0; b < nb; b++) {
+        float peak = 0, v[32];
+        for (int i = 0; i < 32; i++) {
+            int64_t k = b * 32 + i;
+            v[i] = k < K ? x[k] : 0.0f;
+            peak = fmaxf(peak, fabsf(v[i]));
+        }
+        float step = peak / 32767.0f;
+        uint8_t *q = d + (b / 4) * Q4_DIGITS + (b % 4) * 16;
+        for (int i = 0; i < 16; i++)
+            for (int odd = 0; odd < 2; odd++) {
+                int32_t a = step > 0 ? (int32_t)nearbyintf(v[2 * i + odd] / step) : 0;
+                int32_t lo = a & 255;
+                q[odd * 64 + i] = (uint8_t)(int8_t)((a - lo) / 256);
+                q[128 + odd * 64 + i] = (uint8_t)lo;
+            }
+        for (int i = 0; i < 4; i++) t[(b / 4) * 16 + (b % 4) * 4 + i] = step;
+    }
+    for (int64_t j = 0; j < Kp / g; j++) {
+        float acc = 0;
+        for (int64_t k = j * g; k < (j + 1) * g && k < K; k++) acc += x[k];
+        X[j] = acc;
+    }
+}
+
+static float dot_q4_vnni(const uint8_t *d, const float *t, const float *X, const uint8_t *w, const float *s,
+                         const float *sz, int64_t G, int64_t g, int64_t Kp) {
+    const __m512i low = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+    const __m512i lane_block = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    int64_t nb = Kp / 32, r = g / 32;
+    __m512 v0 = _mm512_setzero_ps(), v1 = v0;
+    for (int64_t b = 0; b < nb; b += 4) {
+        int64_t left = nb - b;
+        __mmask64 m = left >= 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * left)) - 1);
+        __m512i codes = _mm512_maskz_loadu_epi8(m, w + b * 16);
+        __m512i even = _mm512_and_si512(codes, low), odd = _mm512_and_si512(_mm512_srli_epi16(codes, 4), low);
+        const uint8_t *q = d + (b / 4) * Q4_DIGITS;
+        __m512i h = _mm512_dpbusd_epi32(zero, even, _mm512_loadu_si512((const void *)q));
+        h = _mm512_dpbusd_epi32(h, odd, _mm512_loadu_si512((const void *)(q + 64)));
+        __m512i l = _mm512_dpbusd_epi32(zero, _mm512_loadu_si512((const void *)(q + 128)), even);
+        l = _mm512_dpbusd_epi32(l, _mm512_loadu_si512((const void *)(q + 192)), odd);
+        __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l)); /* exact: < 2^24 */
+        __m128 blocks;
+        if (r == 1)
+            blocks = _mm_maskz_loadu_ps((__mmask8)(left >= 4 ? 15 : (1 << left) - 1), s + b);
+        else
+            blocks = _mm_set_ps(left > 3 ? s[(b + 3) / r] : 0, left > 2 ? s[(b + 2) / r] : 0,
+                                left > 1 ? s[(b + 1) / r] : 0, s[b / r]);
+        __m512 scale = _mm512_mul_ps(_mm512_permutexvar_ps(lane_block, _mm512_castps128_ps512(blocks)),
+                                     _mm512_loadu_ps(t + (b / 4) * 16));
+        if ((b / 4) & 1)
+            v1 = _mm512_fmadd_ps(sum, scale, v1);
+        else
+            v0 = _mm512_fmadd_ps(sum, scale, v0);
+    }
+    __m512 z = _mm512_setzero_ps();
+    for (int64_t j = 0; j < G; j += 16) {
+        __mmask16 mz = G - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (G - j)) - 1);
+        z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mz, sz + j), _mm512_maskz_loadu_ps(mz, X + j), z);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) - _mm512_reduce_add_ps(z);
+}
+#endif
+
 /* w (N, Kp / 2) packed codes, s and sz = s * zero (N, G) fp32, Kp = G * g, g % 32 == 0. */
 int q4_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, const float *s, const float *sz,
            int64_t N, int64_t Kp, int64_t g, float *y, int nt) {
     int64_t G = Kp / g;
+#ifdef MINILLM_VNNI
+    int64_t nq = (Kp / 32 + 3) / 4;
+    uint8_t *d = malloc((size_t)(M * nq * Q4_DIGITS));
+    float *t = malloc((size_t)(M * nq * 16) * sizeof(float)), *X = malloc((size_t)(M * G) * sizeof(float));
+    if (!d || !t || !X) {
+        free(d);
+        free(t);
+        free(X);
+        return 1;
+    }
+    for (int64_t m = 0; m < M; m++) digits_row(x + m * K, K, Kp, g, d + m * nq * Q4_DIGITS, t + m * nq * 16, X + m * G);
+#pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++)
+            y[m * N + n] = dot_q4_vnni(d + m * nq * Q4_DIGITS, t + m * nq * 16, X + m * G, w + n * (Kp / 2),
+                                       s + n * G, sz + n * G, G, g, Kp);
+    free(d);
+    free(t);
+    free(X);
+#else
     float *xp = malloc((size_t)(M * Kp) * sizeof(float)), *X = malloc((size_t)(M * G) * sizeof(float));
     if (!xp || !X) {
         free(xp);
@@ -216,5 +395,6 @@ int q4_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, const float *
             y[m * N + n] = dot_q4_f32(xp + m * Kp, X + m * G, w + n * (Kp / 2), s + n * G, sz + n * G, G, g);
     free(xp);
     free(X);
+#endif
     return 0;
 }

@@ -33,17 +33,76 @@ def test_each_c_kernel_equals_the_reference_product(scheme, group, n, k, m):
     """int8 and int4 against dequantize-then-matmul (fp32, summed in another order: 1e-5 of the
     output's scale); W8A8 against ``w8a8_matmul`` exactly: the same 8-bit codes of each token
     (the same rounding, half to even) and integer sums, exact in int32 here and in fp32 there
-    while below 2**24."""
+    while below 2**24. int4 with VNNI rounds each block of 32 activations to 16 bits: each
+    output is within what that rounding can move it (``int4_rounding_bound``)."""
     q = layer(scheme, group, n, k, seed=n + k)
     kernel = q.kernel(torch.device("cpu"), torch.float32)
     assert q.path.startswith("C ")
     x = torch.randn(m, k) * torch.logspace(-1, 1, m)[:, None]
     got, ref = kernel(x), quant._reference(q)(x)
     assert got.shape == (m, n) and got.dtype == torch.float32
+    slack = 1e-5 * ref.abs().max().item()
     if scheme == "w8a8":
         assert torch.equal(got, w8a8_matmul(x, q.qweight, q.scales))
+    elif scheme == "int4" and cpu_kernels.int4_rounds_activations():
+        assert ((got - ref).abs() <= int4_rounding_bound(x, q.dequantized_weight()) + slack).all()
     else:
-        torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * ref.abs().max().item())
+        torch.testing.assert_close(got, ref, rtol=0, atol=slack)
+
+
+def int4_rounding_bound(x, w):
+    """How far rounding each block of 32 activations to 16 bits (a step of max|x| / 32767 over
+    the block) can move x @ w.T: half a step times |w|, summed."""
+    k = x.shape[1]
+    blocks = torch.nn.functional.pad(x, (0, -k % 32)).view(x.shape[0], -1, 32)
+    step = blocks.abs().amax(-1) / 32767  # (M, blocks)
+    half_step = (step / 2).repeat_interleave(32, dim=1)[:, :k]  # (M, K)
+    return half_step @ w.abs().T
+
+
+NARROWER = {  # another instruction set's path, built with these flags, where this CPU runs it
+    "AVX2": ("-O3", "-march=native", "-mno-avx512f"),
+    "portable C": ("-O3", "-mno-avx", "-mno-avx2"),
+}
+
+
+@pytest.mark.parametrize("isa", sorted(NARROWER))
+@pytest.mark.parametrize("scheme, group", SCHEMES)
+def test_the_narrower_paths_equal_the_reference_product(monkeypatch, isa, scheme, group):
+    """The AVX2 and portable paths, built here beside the widest one: the same checks (int4
+    exact to 1e-5, as they keep fp32 activations)."""
+    try:
+        lib = native.library_built_with(NARROWER[isa])
+    except OSError as e:
+        pytest.skip(f"no {isa} build here: {e}")
+    if cpu_kernels.ISAS[lib.minillm_isa()] != isa:
+        pytest.skip(f"these flags build {cpu_kernels.ISAS[lib.minillm_isa()]} here, not {isa}")
+    monkeypatch.setitem(native._state, "lib", lib)
+    for n, k, m in [(64, 128, 1), (7, 100, 3), (33, 1000, 2)]:
+        q = layer(scheme, group, n, k, seed=n + k)
+        kernel = q.kernel(torch.device("cpu"), torch.float32)
+        assert q.path.startswith("C ") and f"({isa})" in q.path
+        x = torch.randn(m, k) * torch.logspace(-1, 1, m)[:, None]
+        got, ref = kernel(x), quant._reference(q)(x)
+        if scheme == "w8a8":
+            assert torch.equal(got, w8a8_matmul(x, q.qweight, q.scales))
+        else:
+            torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * ref.abs().max().item())
+
+
+def test_the_int4_bound_holds_for_rounded_activations_and_catches_a_coarser_rounding():
+    """The bound the VNNI int4 kernel is held to is tight enough to fail 8-bit rounding."""
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 256), torch.randn(64, 256)
+    blocks = x.view(4, -1, 32)
+
+    def rounded(levels):
+        step = blocks.abs().amax(-1, keepdim=True) / levels
+        return (torch.round(blocks / step) * step).view(4, 256)
+
+    bound = int4_rounding_bound(x, w)
+    assert ((rounded(32767) @ w.T - x @ w.T).abs() <= bound + 1e-5).all()
+    assert ((rounded(127) @ w.T - x @ w.T).abs() > bound + 1e-5).any()
 
 
 @pytest.mark.parametrize("scheme, group", SCHEMES)
