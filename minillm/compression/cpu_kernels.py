@@ -55,7 +55,7 @@ def _call(status: int | None, what: str) -> None:
 # costs ~25 us a call here against ~8 us, and a SmolLM2-360M step makes 225 of these calls.
 _OPS = torch.library.Library("minillm", "FRAGMENT")
 _OPS.define("q8_matvec_cpu(Tensor x, Tensor w, Tensor s, bool integer) -> Tensor")
-_OPS.define("q4_matvec_cpu(Tensor x, Tensor w, Tensor s, Tensor sz, int group_size) -> Tensor")
+_OPS.define("q4_matvec_cpu(Tensor x, Tensor w, Tensor s, Tensor z, int group_size) -> Tensor")
 
 
 def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
@@ -72,15 +72,15 @@ def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
     return y.to(dtype)
 
 
-def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, sz: Tensor, group_size: int) -> Tensor:
-    """x (M, K) float, w uint8 (N, G * g / 2) packed codes, s and sz = s * zero fp32 (N, G)
-    -> (M, N) in x's dtype."""
+def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int) -> Tensor:
+    """x (M, K) float, w uint8 (N, G * g / 2) packed codes, s fp16 scales and z uint8 zero points
+    (N, G), as the layer stores them -> (M, N) in x's dtype."""
     dtype, x = x.dtype, x.float().contiguous()
     (m, k), n = x.shape, w.shape[0]
     y = x.new_empty(m, n)
     lib = native.library()
     status = lib.q4_f32(
-        x.data_ptr(), m, k, w.data_ptr(), s.data_ptr(), sz.data_ptr(), n, w.shape[1] * 2, group_size,
+        x.data_ptr(), m, k, w.data_ptr(), s.data_ptr(), z.data_ptr(), n, w.shape[1] * 2, group_size,
         y.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     _call(status, "q4_f32")
@@ -97,7 +97,7 @@ def _(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
 
 
 @torch.library.register_fake("minillm::q4_matvec_cpu", lib=_OPS)
-def _(x: Tensor, w: Tensor, s: Tensor, sz: Tensor, group_size: int) -> Tensor:
+def _(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int) -> Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
 
 
@@ -122,11 +122,12 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
         what = "int8 x int8" if integer else "int8 x fp32"
     elif scheme == "int4" and layer.spec.group_size % 32 == 0:
         w, g = layer.qweight, layer.spec.group_size
-        s = layer.scales.float()
-        sz = s * layer.zeros.float()
+        s, z = layer.scales.to(torch.float16).contiguous(), layer.zeros.contiguous()
+        if not torch.equal(s.float(), layer.scales.float()):
+            return None  # scales that fp16 cannot hold exactly (a layer cast to another dtype)
 
         def rows(x: Tensor) -> Tensor:
-            return q4_matvec(x, w, s, sz, g)
+            return q4_matvec(x, w, s, z, g)
 
         what = "int4 x 16-bit blocks" if int4_rounds_activations() else "int4 x fp32"
     else:

@@ -49,6 +49,19 @@ static inline __m512 widen16(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtep
 static inline __m512 widen16u(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
 #endif
 
+/* an IEEE half (the int4 scales' storage) -> float, exactly */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
+    if (exp == 0) {
+        float f = ldexpf((float)mant, -24); /* zero or subnormal */
+        return sign ? -f : f;
+    }
+    bits = exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* the widest path this build takes: 0 portable C, 1 AVX2, 2 AVX-512, 3 AVX-512 with VNNI */
 int minillm_isa(void) {
 #if defined(MINILLM_VNNI)
@@ -319,8 +332,8 @@ static void digits_row(const float *x, int64_t K, int64_t Kp, int64_t g, uint8_t
     }
 }
 
-static float dot_q4_vnni(const uint8_t *d, const float *t, const float *X, const uint8_t *w, const float *s,
-                         const float *sz, int64_t G, int64_t g, int64_t Kp) {
+static float dot_q4_vnni(const uint8_t *d, const float *t, const float *X, const uint8_t *w, const uint16_t *s,
+                         const uint8_t *z, int64_t G, int64_t g, int64_t Kp) {
     const __m512i low = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
     const __m512i lane_block = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     int64_t nb = Kp / 32, r = g / 32;
@@ -338,10 +351,10 @@ static float dot_q4_vnni(const uint8_t *d, const float *t, const float *X, const
         __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l)); /* exact: < 2^24 */
         __m128 blocks;
         if (r == 1)
-            blocks = _mm_maskz_loadu_ps((__mmask8)(left >= 4 ? 15 : (1 << left) - 1), s + b);
+            blocks = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)(left >= 4 ? 15 : (1 << left) - 1), s + b));
         else
-            blocks = _mm_set_ps(left > 3 ? s[(b + 3) / r] : 0, left > 2 ? s[(b + 2) / r] : 0,
-                                left > 1 ? s[(b + 1) / r] : 0, s[b / r]);
+            blocks = _mm_set_ps(left > 3 ? half_to_float(s[(b + 3) / r]) : 0, left > 2 ? half_to_float(s[(b + 2) / r]) : 0,
+                                left > 1 ? half_to_float(s[(b + 1) / r]) : 0, half_to_float(s[b / r]));
         __m512 scale = _mm512_mul_ps(_mm512_permutexvar_ps(lane_block, _mm512_castps128_ps512(blocks)),
                                      _mm512_loadu_ps(t + (b / 4) * 16));
         if ((b / 4) & 1)
@@ -349,17 +362,20 @@ static float dot_q4_vnni(const uint8_t *d, const float *t, const float *X, const
         else
             v0 = _mm512_fmadd_ps(sum, scale, v0);
     }
-    __m512 z = _mm512_setzero_ps();
+    __m512 zs = _mm512_setzero_ps(); /* the zero points' term: sum_j s_j z_j X_j */
     for (int64_t j = 0; j < G; j += 16) {
         __mmask16 mz = G - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (G - j)) - 1);
-        z = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mz, sz + j), _mm512_maskz_loadu_ps(mz, X + j), z);
+        __m512 sj = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mz, s + j));
+        __m512 zj = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mz, z + j)));
+        zs = _mm512_fmadd_ps(_mm512_mul_ps(sj, zj), _mm512_maskz_loadu_ps(mz, X + j), zs);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) - _mm512_reduce_add_ps(z);
+    return _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) - _mm512_reduce_add_ps(zs);
 }
 #endif
 
-/* w (N, Kp / 2) packed codes, s and sz = s * zero (N, G) fp32, Kp = G * g, g % 32 == 0. */
-int q4_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, const float *s, const float *sz,
+/* w (N, Kp / 2) packed codes, s fp16 and z (zero points) uint8 (N, G), Kp = G * g, g % 32 == 0:
+ * 4 bits a weight and 3 bytes a group, as stored. */
+int q4_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, const uint16_t *s, const uint8_t *z,
            int64_t N, int64_t Kp, int64_t g, float *y, int nt) {
     int64_t G = Kp / g;
 #ifdef MINILLM_VNNI
@@ -377,7 +393,7 @@ int q4_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, const float *
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++)
             y[m * N + n] = dot_q4_vnni(d + m * nq * Q4_DIGITS, t + m * nq * 16, X + m * G, w + n * (Kp / 2),
-                                       s + n * G, sz + n * G, G, g, Kp);
+                                       s + n * G, z + n * G, G, g, Kp);
     free(d);
     free(t);
     free(X);
@@ -390,9 +406,15 @@ int q4_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, const float *
     }
     for (int64_t m = 0; m < M; m++) reorder_row(x + m * K, K, Kp, g, xp + m * Kp, X + m * G);
 #pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
-    for (int64_t n = 0; n < N; n++)
+    for (int64_t n = 0; n < N; n++) {
+        float sn[G], szn[G]; /* this row's scales, and scales times zero points, as floats */
+        for (int64_t j = 0; j < G; j++) {
+            sn[j] = half_to_float(s[n * G + j]);
+            szn[j] = sn[j] * (float)z[n * G + j];
+        }
         for (int64_t m = 0; m < M; m++)
-            y[m * N + n] = dot_q4_f32(xp + m * Kp, X + m * G, w + n * (Kp / 2), s + n * G, sz + n * G, G, g);
+            y[m * N + n] = dot_q4_f32(xp + m * Kp, X + m * G, w + n * (Kp / 2), sn, szn, G, g);
+    }
     free(xp);
     free(X);
 #endif
