@@ -338,7 +338,16 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
-def format_peers(result: dict) -> str:
+def format_peers(result: dict, groups: Sequence[str] | None = None) -> str:
+    """The table of a run, and minillm's fastest against the fastest peer per format; ``groups``:
+    only these format groups (e.g. ("fp32",))."""
+    if groups is not None:
+        keep = set(groups)
+        result = {
+            **result,
+            "rows": [r for r in result["rows"] if r["group"] in keep],
+            "summary": [s for s in result["summary"] if s["group"] in keep],
+        }
     compiled = ", minillm and torchao compiled" if result.get("compile") else ""
     title = (
         f"Decode tokens/s, {result['model']}, batch 1, {result['prompt_len']}-token prompt, "

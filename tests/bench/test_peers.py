@@ -98,3 +98,21 @@ def test_torchao_quantizes_minillms_model_and_decodes():
     assert rows["torchao", "int8 weight-only"]["tokens_per_s"] > 0, rows["torchao", "int8 weight-only"]
     assert rows["torchao", "int8 weight-only"]["tokens_agree"] >= 2
     assert rows["torchao", "int4 g32"]["tokens_per_s"] > 0, rows["torchao", "int4 g32"]
+
+
+def test_format_peers_shows_only_the_groups_asked_for():
+    rows = [
+        {"group": g, "engine": e, "format": f, "tokens_per_s": v, "prefill_ms": 1.0, "tokens_agree": 4}
+        for g, e, f, v in [
+            ("fp32", "minillm", "fp32", 10.0),
+            ("fp32", "llama.cpp", "F32", 8.0),
+            ("int8", "minillm", "W8A8", 20.0),
+            ("int8", "llama.cpp", "Q8_0", 25.0),
+        ]
+    ]
+    result = {"model": "m", "prompt_len": 4, "new_tokens": 4, "rounds": 1, "threads": 1, "rows": rows}
+    result["summary"] = summary(rows)
+    fp32 = format_peers(result, groups=("fp32",))
+    assert "F32" in fp32 and "1.25x" in fp32 and "Q8_0" not in fp32 and "0.80x" not in fp32
+    both = format_peers(result)
+    assert "Q8_0" in both and "0.80x" in both

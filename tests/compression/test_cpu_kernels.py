@@ -90,6 +90,26 @@ def test_the_narrower_paths_equal_the_reference_product(monkeypatch, isa, scheme
             torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("isa", ["native", *sorted(NARROWER)])
+def test_int4_scales_below_fp16s_normal_range_are_read_exactly(monkeypatch, isa):
+    """Weights of about 1e-4 give scales that fp16 holds only as subnormals: each path converts
+    them exactly (the portable path by hand, the others by the CPU)."""
+    if isa != "native":
+        try:
+            lib = native.library_built_with(NARROWER[isa])
+        except OSError as e:
+            pytest.skip(f"no {isa} build here: {e}")
+        monkeypatch.setitem(native._state, "lib", lib)
+    torch.manual_seed(0)
+    q = QuantizedLinear.from_linear(torch.nn.Linear(96, 24, bias=False), QuantSpec.make("int4", 32))
+    q.scales.copy_(q.scales * 2e-3)  # as a layer of weights 500 times smaller would store
+    assert (q.scales.float() < 6.1e-5).all() and (q.scales > 0).all()  # fp16's subnormals
+    x = torch.randn(2, 96)
+    got, ref = q.kernel(torch.device("cpu"), torch.float32)(x), quant._reference(q)(x)
+    assert q.path.startswith("C int4")
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-4 * ref.abs().max().item())
+
+
 def test_the_int4_bound_holds_for_rounded_activations_and_catches_a_coarser_rounding():
     """The bound the VNNI int4 kernel is held to is tight enough to fail 8-bit rounding."""
     torch.manual_seed(0)
