@@ -33,18 +33,20 @@ class Excerpt:
 
     path: str  # relative to the repository, e.g. minillm/core/compiled.py
     line: int  # the first line of the object in that file
-    name: str  # its qualified name
+    name: str  # its qualified name (a source file's excerpt: the text it starts at)
     code: str
+    language: str = "python"
 
     @property
     def header(self) -> str:
         return f"{self.path}, line {self.line}: {self.name}"
 
     def _repr_markdown_(self) -> str:
-        return f"`{self.header}`\n\n```python\n{self.code}\n```\n"
+        return f"`{self.header}`\n\n```{self.language}\n{self.code}\n```\n"
 
     def __str__(self) -> str:
-        return f"# {self.header}\n{self.code}"
+        comment = "//" if self.language == "c" else "#"
+        return f"{comment} {self.header}\n{self.code}"
 
     __repr__ = __str__
 
@@ -121,10 +123,16 @@ def _lines_between(code: str, start: str | None, stop: str | None, name: str) ->
     return textwrap.dedent("\n".join(lines[first : last + 1]))
 
 
+LANGUAGES = {".c": "c", ".py": "python"}
+
+
 def show(obj, start: str | None = None, stop: str | None = None, width: int = PAGE_WIDTH) -> Excerpt:
     """The source of ``obj`` (a function, class or method of minillm), formatted to the page:
     all of it, or from the first line containing ``start`` to the first line after it containing
-    ``stop`` (both included)."""
+    ``stop`` (both included). ``obj`` may also be a source file of the package (a ``Path``, e.g.
+    the C kernels'), shown as written from ``start`` to ``stop``: its lines must fit the page."""
+    if isinstance(obj, Path):
+        return _show_file(obj, start, stop, width)
     if not (inspect.isroutine(obj) or inspect.isclass(obj)) and inspect.isfunction(getattr(obj, "fn", None)):
         obj = obj.fn  # a Triton kernel (compiled or interpreted) keeps its Python function as .fn
     if inspect.isfunction(getattr(obj, "_init_fn", None)):
@@ -144,6 +152,23 @@ def show(obj, start: str | None = None, stop: str | None = None, width: int = PA
     if start is not None:  # the file's line of the excerpt's first line
         line += next((i for i, text in enumerate(lines) if start in text), 0)
     return Excerpt(f"minillm/{file.relative_to(PACKAGE).as_posix()}", line, name, code)
+
+
+def _show_file(path: Path, start: str | None, stop: str | None, width: int) -> Excerpt:
+    file = path.resolve()
+    if PACKAGE not in file.parents or not file.is_file():
+        raise ValueError(f"show() renders minillm's own code; {path} is not a file of the package")
+    if start is None:
+        raise ValueError(f"show({path.name}) needs start=: the text of the line the excerpt begins at")
+    text = file.read_text()
+    code = _lines_between(text, start, stop, path.name)
+    too_wide = [line for line in code.splitlines() if len(line) > width]
+    if too_wide:
+        raise ValueError(f"{path.name}: {len(too_wide)} line(s) wider than the page ({width}): {too_wide[0]!r}")
+    line = 1 + next(i for i, text_line in enumerate(text.splitlines()) if start in text_line)
+    return Excerpt(
+        f"minillm/{file.relative_to(PACKAGE).as_posix()}", line, start.strip(), code, LANGUAGES.get(file.suffix, "")
+    )
 
 
 def _library_imports(nb: dict) -> str:

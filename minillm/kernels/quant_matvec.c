@@ -133,25 +133,30 @@ static int32_t dot_i8(const int8_t *a, const int8_t *w, int64_t K) {
     int64_t k = 0;
     int32_t acc = 0;
 #if defined(MINILLM_VNNI)
-    /* vpdpbusd adds four u8 x s8 products into each 32-bit lane, exactly. a + 128 (a XOR 0x80 read
-     * as unsigned) is a u8, and sum (a + 128) w = sum a w + 128 sum w: the second sum is one more
-     * vpdpbusd of ones by w. 64 bytes a step; the tail is a masked load (zeros add nothing). */
+    /* vpdpbusd adds four u8 x s8 products into each 32-bit lane, exactly. It wants one
+     * side unsigned: a + 128 (a XOR 0x80, read as u8) is, and sum (a + 128) w equals
+     * sum a w + 128 sum w, the last sum one more vpdpbusd (ones by w). 64 bytes a step;
+     * the tail is a masked load, whose zeros add nothing. */
     const __m512i flip = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
     __m512i c0 = _mm512_setzero_si512(), c1 = c0, s0 = c0, s1 = c0;
     for (; k + 128 <= K; k += 128) {
-        __m512i vw = _mm512_loadu_si512((const void *)(w + k)), vv = _mm512_loadu_si512((const void *)(w + k + 64));
-        c0 = _mm512_dpbusd_epi32(c0, _mm512_xor_si512(_mm512_loadu_si512((const void *)(a + k)), flip), vw);
-        c1 = _mm512_dpbusd_epi32(c1, _mm512_xor_si512(_mm512_loadu_si512((const void *)(a + k + 64)), flip), vv);
-        s0 = _mm512_dpbusd_epi32(s0, ones, vw);
-        s1 = _mm512_dpbusd_epi32(s1, ones, vv);
+        __m512i w0 = _mm512_loadu_si512(w + k), w1 = _mm512_loadu_si512(w + k + 64);
+        __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(a + k), flip);
+        __m512i a1 = _mm512_xor_si512(_mm512_loadu_si512(a + k + 64), flip);
+        c0 = _mm512_dpbusd_epi32(c0, a0, w0);
+        c1 = _mm512_dpbusd_epi32(c1, a1, w1);
+        s0 = _mm512_dpbusd_epi32(s0, ones, w0);
+        s1 = _mm512_dpbusd_epi32(s1, ones, w1);
     }
     for (; k < K; k += 64) {
         __mmask64 m = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1);
-        __m512i vw = _mm512_maskz_loadu_epi8(m, w + k);
-        c0 = _mm512_dpbusd_epi32(c0, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, a + k), flip), vw);
-        s0 = _mm512_dpbusd_epi32(s0, ones, vw);
+        __m512i w0 = _mm512_maskz_loadu_epi8(m, w + k);
+        __m512i a0 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, a + k), flip);
+        c0 = _mm512_dpbusd_epi32(c0, a0, w0);
+        s0 = _mm512_dpbusd_epi32(s0, ones, w0);
     }
-    return _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1)) - 128 * _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
+    int32_t dot = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+    return dot - 128 * _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
 #elif defined(__AVX2__)
     /* vpmaddubsw multiplies unsigned by signed bytes: |a| times w with a's sign moved onto w. Each
      * pair sums to at most 2 * 127 * 127 < 2^15, so the 16-bit sums never saturate. */

@@ -51,6 +51,31 @@ def test_only_minillm_code_is_shown():
         show(3)
 
 
+def test_a_source_file_of_the_package_is_shown_as_written(tmp_path):
+    from minillm.kernels import native
+
+    excerpt = show(native.SOURCE, start="static int32_t dot_i8(", stop="#elif defined(__AVX2__)")
+    lines = native.SOURCE.read_text().splitlines()
+    assert lines[excerpt.line - 1].startswith("static int32_t dot_i8(")
+    assert excerpt.code == "\n".join(lines[excerpt.line - 1 : excerpt.line - 1 + len(excerpt.code.splitlines())])
+    assert excerpt._repr_markdown_().startswith(f"`{excerpt.header}`\n\n```c\nstatic int32_t dot_i8(")
+    assert str(excerpt).startswith("// minillm/kernels/quant_matvec.c, line ")
+    with pytest.raises(ValueError, match="not a file of the package"):
+        show(tmp_path / "elsewhere.c", start="int")
+    with pytest.raises(ValueError, match="needs start="):
+        show(native.SOURCE)
+
+
+def test_a_source_files_lines_wider_than_the_page_are_refused(monkeypatch):
+    from minillm.kernels import native
+
+    wide = "    return " + "1 + " * 30 + "1;"
+    text = "int f(void) {\n" + wide + "\n}\n"
+    monkeypatch.setattr(type(native.SOURCE), "read_text", lambda self: text)
+    with pytest.raises(ValueError, match=r"1 line\(s\) wider than the page \(88\)"):
+        show(native.SOURCE, start="int f(void)", stop="}")
+
+
 def test_without_ruff_the_code_is_shown_as_written(monkeypatch):
     monkeypatch.setattr(source, "ruff_format", lambda code, width=PAGE_WIDTH: None)
     original = textwrap.dedent(inspect.getsource(source.wrap_comments)).rstrip("\n")
