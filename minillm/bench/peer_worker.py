@@ -1,7 +1,8 @@
 """One contender of ``bench peers`` in a process of its own: ``python -m minillm.bench.peer_worker``.
 
 It reads one JSON request per line on stdin and answers each with one JSON line on stdout:
-``{"load": spec}`` loads the contender (and decodes once, untimed: warm-up and compiling);
+``{"load": spec}`` loads the contender (and decodes once, untimed: warm-up and compiling; a
+compiled contender first decodes a few tokens eagerly, answered as ``eager_tokens``);
 ``{"run": true}`` decodes the spec's prompt and answers the timing and the tokens;
 ``{"stop": true}`` ends it. An error answers ``{"error": "..."}`` and the worker goes on.
 
@@ -27,6 +28,7 @@ MINILLM_FORMATS = {  # format -> (quantize, group size); None: the checkpoint's 
     "int4": ("int4", 32),
 }
 TORCHAO_FORMATS = ("int8", "w8a8", "int4")
+CHECK_TOKENS = 4  # a compiled contender's first tokens are checked against its own eager ones
 
 
 class Contender:
@@ -34,6 +36,9 @@ class Contender:
 
     def run(self, prompt: list[int], new_tokens: int) -> dict:  # {"tokens", "prefill_s", "decode_s"}
         raise NotImplementedError
+
+    def eager_tokens(self, prompt: list[int]) -> list[int] | None:  # None: nothing compiled to check
+        return None
 
 
 class MinillmContender(Contender):
@@ -57,9 +62,16 @@ class MinillmContender(Contender):
             torchao_quantize(self.model, fmt)
         self.model.requires_grad_(False)
 
-    def run(self, prompt: list[int], new_tokens: int) -> dict:
-        out = self.generate(self.model, prompt, new_tokens, eos_token_id=None, compile=self.compile)
+    def run(self, prompt: list[int], new_tokens: int, compile: bool | None = None) -> dict:
+        compile = self.compile if compile is None else compile
+        out = self.generate(self.model, prompt, new_tokens, eos_token_id=None, compile=compile)
         return {"tokens": out.tokens[0].tolist(), "prefill_s": out.ttft, "decode_s": sum(out.token_times)}
+
+    def eager_tokens(self, prompt: list[int]) -> list[int] | None:
+        """The first ``CHECK_TOKENS`` greedy tokens decoded eagerly, when the timed runs compile:
+        the parent checks the compiled path against them (a compiler that breaks a model's kernels
+        decodes fast and wrong)."""
+        return self.run(prompt, CHECK_TOKENS, compile=False)["tokens"] if self.compile else None
 
 
 def torchao_quantize(model, fmt: str) -> None:
@@ -148,8 +160,9 @@ def main() -> int:
                 spec = request["load"]
                 t0 = time.perf_counter()
                 contender = load(spec)
+                eager = contender.eager_tokens(spec["prompt"])
                 contender.run(spec["prompt"], spec["new_tokens"])  # warm-up (and compiling)
-                answer = {"loaded_s": time.perf_counter() - t0}
+                answer = {"loaded_s": time.perf_counter() - t0, "eager_tokens": eager}
             else:
                 answer = contender.run(spec["prompt"], spec["new_tokens"])
         except Exception as exc:  # the parent reports it; the worker stays up for the next request

@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from ..core.checkpoints import resolve, save_pretrained
 from ..core.config import shape_config
 from ..core.model import random_model
 from ..core.tokenizer import Tokenizer
-from ..measure.report import describe, finish_provenance, format_table, provenance
+from ..measure.report import PAGE_WIDTH, describe, finish_provenance, format_table, provenance
 
 FORMATS = ("fp32", "int8", "int4")
 PEERS = {  # engine -> (the module it needs, how to install it)
@@ -221,6 +222,7 @@ def measure_group(o: PeersBench, group: str, specs: dict[Contender, dict], say) 
             try:
                 loaded = w.request({"load": spec}, o.load_timeout)
                 rows[c] = {"loaded_s": loaded["loaded_s"], "decode": [], "prefill": []}
+                rows[c]["eager_tokens"] = loaded.get("eager_tokens")
             except WorkerError as exc:
                 rows[c] = {"error": str(exc)}
                 w.close()
@@ -242,20 +244,24 @@ def measure_group(o: PeersBench, group: str, specs: dict[Contender, dict], say) 
     finally:
         for w in workers.values():
             w.close()
-    return [_row(c, rows[c], group) for c in specs], tokens
+    return [_row(c, rows[c], group, tokens.get(c)) for c in specs], tokens
 
 
-def _row(c: Contender, r: dict, group: str) -> dict:
+def _row(c: Contender, r: dict, group: str, tokens: list[int] | None = None) -> dict:
     row = {"group": group, "engine": c.engine, "format": c.label}
     if "error" in r or not r.get("decode"):
         return {**row, "error": r.get("error", "no run finished")}
-    return {
-        **row,
+    row |= {
         "tokens_per_s": statistics.median(r["decode"]),
         "tokens_per_s_runs": r["decode"],
         "prefill_ms": 1e3 * statistics.median(r["prefill"]),
         "loaded_s": r["loaded_s"],
     }
+    eager = r.get("eager_tokens")
+    if eager is not None and tokens is not None and tokens[: len(eager)] != eager:
+        at = agreement(tokens, eager)
+        row["invalid"] = f"wrong when compiled (its eager tokens differ from token {at + 1}): not compared"
+    return row
 
 
 def bench_peers(o: PeersBench) -> dict:
@@ -318,10 +324,11 @@ def _version(module: str) -> str | None:
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per format group: minillm's fastest row against the fastest peer's (> 1: minillm ahead)."""
+    """Per format group: minillm's fastest row against the fastest peer's (> 1: minillm ahead); a
+    row marked invalid (its compiled path decodes other tokens than its eager one) is left out."""
     out = []
     for group in dict.fromkeys(r["group"] for r in rows):
-        timed = [r for r in rows if r["group"] == group and "tokens_per_s" in r]
+        timed = [r for r in rows if r["group"] == group and "tokens_per_s" in r and "invalid" not in r]
         ours = [r for r in timed if r["engine"] == "minillm"]
         peers = [r for r in timed if r["engine"] != "minillm"]
         if not ours or not peers:
@@ -354,7 +361,7 @@ def format_peers(result: dict, groups: Sequence[str] | None = None) -> str:
         f"{result['new_tokens']} greedy tokens, median of {result['rounds']} rounds taking turns, "
         f"{result['threads']} thread(s) each{compiled}, on {describe(result)}"
     )
-    table = []
+    table, notes = [], []
     for r in result["rows"]:
         row = {"group": r["group"], "engine": r["engine"], "weights": r["format"]}
         row |= {"tok/s": "-", "prefill ms": "-", "same tokens": "-", "note": ""}
@@ -365,10 +372,14 @@ def format_peers(result: dict, groups: Sequence[str] | None = None) -> str:
                 "prefill ms": f"{r['prefill_ms']:.1f}",
                 "same tokens": "-" if agree is None else f"{agree}/{result['new_tokens']}",
             }
-        else:
-            row["note"] = r.get("skipped") or f"failed: {r['error']}"
+        note = r.get("invalid") or r.get("skipped") or (f"failed: {r['error']}" if "error" in r else "")
+        if note:  # said under the table, by number: the table keeps to the page
+            notes.append(f"({len(notes) + 1}) {r['engine']} {r['format']}: {note}")
+            row["note"] = f"({len(notes)})"
         table.append(row)
     lines = [format_table(table, title=title)]
+    if notes:
+        lines[0] += "\n" + "\n".join(textwrap.fill(n, PAGE_WIDTH, subsequent_indent="    ") for n in notes)
     if result["summary"]:
         rows = [{**s, "ratio": f"{s['ratio']:.2f}x"} for s in result["summary"]]
         lines.append(format_table(rows, title="minillm's fastest vs the fastest peer, per format"))

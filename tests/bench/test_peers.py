@@ -116,3 +116,17 @@ def test_format_peers_shows_only_the_groups_asked_for():
     assert "F32" in fp32 and "1.25x" in fp32 and "Q8_0" not in fp32 and "0.80x" not in fp32
     both = format_peers(result)
     assert "Q8_0" in both and "0.80x" in both
+
+
+def test_a_compiled_contender_whose_tokens_differ_from_its_eager_ones_is_not_compared():
+    c = next(c for c in peers.CONTENDERS if c.engine == "torchao" and c.group == "int8")
+    r = {"loaded_s": 1.0, "decode": [900.0], "prefill": [0.01], "eager_tokens": [5, 6, 7, 8]}
+    row = peers._row(c, r, "int8", tokens=[5, 9, 9, 9, 9])
+    assert "eager tokens differ from token 2" in row["invalid"]
+    assert "invalid" not in peers._row(c, r, "int8", tokens=[5, 6, 7, 8, 1])
+    ours = {"group": "int8", "engine": "minillm", "format": "W8A8", "tokens_per_s": 20.0, "prefill_ms": 1.0}
+    assert summary([ours, row]) == []  # the only peer was wrong: nothing to compare with
+    text = format_peers(
+        {"model": "m", "prompt_len": 4, "new_tokens": 5, "rounds": 1, "threads": 1, "rows": [ours, row], "summary": []}
+    )
+    assert "(1)" in text and "not compared" in text and all(len(line) <= 88 for line in text.splitlines())
