@@ -23,8 +23,10 @@
 #if defined(MINILLM_AVX512) && defined(__AVX512VNNI__)
 #define MINILLM_VNNI 1
 #endif
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#ifdef __AVX2__
 
 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -49,8 +51,11 @@ static inline __m512 widen16(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtep
 static inline __m512 widen16u(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
 #endif
 
-/* an IEEE half (the int4 scales' storage) -> float, exactly */
+/* an IEEE half (the int4 scales' storage) -> float, exactly: F16C's instruction, else by hand */
 static inline float half_to_float(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#endif
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
     if (exp == 0) {
         float f = ldexpf((float)mant, -24); /* zero or subnormal */
@@ -355,8 +360,10 @@ static float dot_q4_vnni(const uint8_t *d, const float *t, const float *X, const
         l = _mm512_dpbusd_epi32(l, _mm512_loadu_si512((const void *)(q + 192)), odd);
         __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l)); /* exact: < 2^24 */
         __m128 blocks;
-        if (r == 1)
+        if (r == 1) /* a scale a block */
             blocks = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)(left >= 4 ? 15 : (1 << left) - 1), s + b));
+        else if (r % 4 == 0) /* the four blocks in one group (b is a multiple of 4) */
+            blocks = _mm_set1_ps(half_to_float(s[b / r]));
         else
             blocks = _mm_set_ps(left > 3 ? half_to_float(s[(b + 3) / r]) : 0, left > 2 ? half_to_float(s[(b + 2) / r]) : 0,
                                 left > 1 ? half_to_float(s[(b + 1) / r]) : 0, half_to_float(s[b / r]));
