@@ -61,6 +61,7 @@ def int4_rounding_bound(x, w):
 
 
 NARROWER = {  # another instruction set's path, built with these flags, where this CPU runs it
+    "AVX-512": ("-O3", "-march=native", "-mno-avx512vnni"),
     "AVX2": ("-O3", "-march=native", "-mno-avx512f"),
     "portable C": ("-O3", "-mno-avx", "-mno-avx2"),
 }
@@ -69,8 +70,8 @@ NARROWER = {  # another instruction set's path, built with these flags, where th
 @pytest.mark.parametrize("isa", sorted(NARROWER))
 @pytest.mark.parametrize("scheme, group", SCHEMES)
 def test_the_narrower_paths_equal_the_reference_product(monkeypatch, isa, scheme, group):
-    """The AVX2 and portable paths, built here beside the widest one: the same checks (int4
-    exact to 1e-5, as they keep fp32 activations)."""
+    """The AVX-512 (without VNNI), AVX2 and portable paths, built here beside the widest one: the
+    same checks (int4 exact to 1e-5, as they keep fp32 activations)."""
     try:
         lib = native.library_built_with(NARROWER[isa])
     except OSError as e:
