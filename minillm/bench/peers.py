@@ -279,6 +279,7 @@ def bench_peers(o: PeersBench) -> dict:
         rounds=o.rounds,
         compile=o.compile,
         peers={e: _version(PEERS[e][0]) or missing_peer(e) for e in PEERS},
+        llama_cpp_build=_llama_cpp_build(),
     )
     rows, reference = [], None
     with tempfile.TemporaryDirectory() as tmp:
@@ -309,6 +310,19 @@ def bench_peers(o: PeersBench) -> dict:
     result["rows"] = rows
     result["summary"] = summary(rows)
     return finish_provenance(result)
+
+
+def _llama_cpp_build() -> str | None:
+    """llama.cpp's own account of the instructions it was built with (its kernels differ by them:
+    AVX-512 VNNI, AMX), or None where it is not installed."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    try:
+        import llama_cpp
+
+        return llama_cpp.llama_print_system_info().decode().strip()
+    except Exception as exc:  # noqa: BLE001 - a build that cannot say is recorded as such
+        return f"unknown ({type(exc).__name__})"
 
 
 def _version(module: str) -> str | None:

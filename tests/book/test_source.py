@@ -107,7 +107,7 @@ def shown_excerpts(nb: dict) -> list[tuple[str, str]]:
     for cell in nb["cells"]:
         for out in cell.get("outputs", []):
             md = "".join(out.get("data", {}).get("text/markdown", ""))
-            if md.startswith("`minillm/") and "```python" in md:
+            if md.startswith("`minillm/") and "\n```" in md:
                 found.append((nbfiles.cell_source(cell), md))
     return found
 
