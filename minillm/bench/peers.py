@@ -258,7 +258,8 @@ def _row(c: Contender, r: dict, group: str, tokens: list[int] | None = None) -> 
         "loaded_s": r["loaded_s"],
     }
     eager = r.get("eager_tokens")
-    if eager is not None and tokens is not None and tokens[: len(eager)] != eager:
+    n = min(len(eager or ()), len(tokens or ()))
+    if n and tokens[:n] != eager[:n]:
         at = agreement(tokens, eager)
         row["invalid"] = f"wrong when compiled (its eager tokens differ from token {at + 1}): not compared"
     return row

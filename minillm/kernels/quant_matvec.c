@@ -1,8 +1,9 @@
 /* Decode-sized products of quantized weights on the CPU: y (M, N) = x (M, K) @ W^T for a few rows
  * of x (a decode step's tokens), W stored quantized. Each output row of W is read from memory once
  * for all M rows of x, converted in registers and never written back as floats: the step reads
- * 1 byte a weight (int8) or 4.5 bits (int4 in groups of 32) instead of 4, and on a CPU whose
- * decode step is limited by memory that is what it costs.
+ * 1 byte a weight (int8) or 4.75 bits (int4 in groups of 32, an fp16 scale and a uint8 zero
+ * point each) instead of 4 bytes, and on a CPU whose decode step is limited by memory that is
+ * what it costs.
  *
  * Three products, each with an AVX-512 path, an AVX2 path and a portable one (any compiler, any CPU):
  *   q8_f32  int8 weights, per-row scale; fp32 activations (weight-only int8).
@@ -17,6 +18,7 @@
  * PREFETCH: the AVX-512 loops ask for the weights 2 or 4 KB ahead of where they read (rows lie
  * one after another, so that is the next rows): one core's demand misses alone kept its stream
  * to 7.3 GB/s of int4 on a 2-core Xeon (Sapphire Rapids class), 11-12 GB/s with them. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -92,7 +94,7 @@ static float dot_q8_f32(const float *x, const int8_t *w, int64_t K) {
     /* 16 weights a vector; four chains hide the FMA's latency; the tail is a masked load */
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (; k + 64 <= K; k += 64) {
-        _mm_prefetch((const char *)(w + k + 2048), _MM_HINT_T0); /* see PREFETCH */
+        _mm_prefetch((const char *)((uintptr_t)(w + k) + 2048), _MM_HINT_T0); /* see PREFETCH */
         a0 = _mm512_fmadd_ps(widen16(_mm_loadu_si128((const __m128i *)(w + k))), _mm512_loadu_ps(x + k), a0);
         a1 = _mm512_fmadd_ps(widen16(_mm_loadu_si128((const __m128i *)(w + k + 16))), _mm512_loadu_ps(x + k + 16), a1);
         a2 = _mm512_fmadd_ps(widen16(_mm_loadu_si128((const __m128i *)(w + k + 32))), _mm512_loadu_ps(x + k + 32), a2);
@@ -130,7 +132,15 @@ void q8_f32(const float *x, int64_t M, int64_t K, const int8_t *w, const float *
  * t = max|x| / 127 (at least 1e-12 / 127), a = round-half-even(x / t) clamped to +-127. */
 static float quantize_row(const float *x, int64_t K, int8_t *a) {
     float peak = 0;
-    for (int64_t k = 0; k < K; k++) peak = fmaxf(peak, fabsf(x[k]));
+    int nan = 0;
+    for (int64_t k = 0; k < K; k++) {
+        peak = fmaxf(peak, fabsf(x[k])); /* fmaxf passes a NaN over: counted apart */
+        nan |= x[k] != x[k];
+    }
+    if (nan || !(peak <= FLT_MAX)) { /* a NaN or an infinity: the row's outputs are NaN, as the reference's */
+        memset(a, 0, (size_t)K);
+        return NAN;
+    }
     float t = fmaxf(peak, 1e-12f) / 127.0f;
     for (int64_t k = 0; k < K; k++) {
         float r = nearbyintf(x[k] / t);
@@ -150,8 +160,9 @@ static int32_t dot_i8(const int8_t *a, const int8_t *w, int64_t K) {
     const __m512i flip = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
     __m512i c0 = _mm512_setzero_si512(), c1 = c0, s0 = c0, s1 = c0;
     for (; k + 128 <= K; k += 128) {
-        _mm_prefetch((const char *)(w + k + 2048), _MM_HINT_T0); /* see PREFETCH */
-        _mm_prefetch((const char *)(w + k + 2048 + 64), _MM_HINT_T0);
+        /* the weights 2 KB ahead: see PREFETCH at the top */
+        _mm_prefetch((const char *)((uintptr_t)(w + k) + 2048), _MM_HINT_T0);
+        _mm_prefetch((const char *)((uintptr_t)(w + k) + 2048 + 64), _MM_HINT_T0);
         __m512i w0 = _mm512_loadu_si512(w + k), w1 = _mm512_loadu_si512(w + k + 64);
         __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(a + k), flip);
         __m512i a1 = _mm512_xor_si512(_mm512_loadu_si512(a + k + 64), flip);
@@ -167,8 +178,9 @@ static int32_t dot_i8(const int8_t *a, const int8_t *w, int64_t K) {
         c0 = _mm512_dpbusd_epi32(c0, a0, w0);
         s0 = _mm512_dpbusd_epi32(s0, ones, w0);
     }
-    int32_t dot = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
-    return dot - 128 * _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
+    int64_t dot = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+    int64_t sum_w = _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
+    return (int32_t)(dot - 128 * sum_w);
 #elif defined(__AVX2__)
     /* vpmaddubsw multiplies unsigned by signed bytes: |a| times w with a's sign moved onto w. Each
      * pair sums to at most 2 * 127 * 127 < 2^15, so the 16-bit sums never saturate. */
@@ -324,28 +336,31 @@ static void digits_row(const float *x, int64_t K, int64_t Kp, int64_t g, uint8_t
     int64_t nb = Kp / 32, nq = (nb + 3) / 4;
     memset(d, 0, (size_t)(nq * Q4_DIGITS));
     memset(t, 0, (size_t)(nq * 16) * sizeof(float));
+    memset(X, 0, (size_t)(Kp / g) * sizeof(float));
     for (int64_t b = 0; b < nb; b++) {
-        float peak = 0, v[32];
+        float peak = 0, v[32], rounded = 0;
+        int nan = 0;
         for (int i = 0; i < 32; i++) {
             int64_t k = b * 32 + i;
             v[i] = k < K ? x[k] : 0.0f;
             peak = fmaxf(peak, fabsf(v[i]));
+            nan |= v[i] != v[i];
         }
-        float step = peak / 32767.0f;
+        int finite = !nan && peak <= FLT_MAX; /* else the outputs are NaN, through t and X */
+        float step = finite ? peak / 32767.0f : NAN;
         uint8_t *q = d + (b / 4) * Q4_DIGITS + (b % 4) * 16;
         for (int i = 0; i < 16; i++)
             for (int odd = 0; odd < 2; odd++) {
-                int32_t a = step > 0 ? (int32_t)nearbyintf(v[2 * i + odd] / step) : 0;
-                int32_t lo = a & 255;
+                float r = finite && step > 0 ? nearbyintf(v[2 * i + odd] / step) : 0.0f;
+                int32_t a = (int32_t)fminf(fmaxf(r, -32767.0f), 32767.0f), lo = a & 255;
                 q[odd * 64 + i] = (uint8_t)(int8_t)((a - lo) / 256);
                 q[128 + odd * 64 + i] = (uint8_t)lo;
+                rounded += (float)a * step;
             }
         for (int i = 0; i < 4; i++) t[(b / 4) * 16 + (b % 4) * 4 + i] = step;
-    }
-    for (int64_t j = 0; j < Kp / g; j++) {
-        float acc = 0;
-        for (int64_t k = j * g; k < (j + 1) * g && k < K; k++) acc += x[k];
-        X[j] = acc;
+        /* the zero points multiply the same rounded activations as the codes: the error is then
+         * sum (code - zero) scale e = sum w e, bounded by the weights, not by the codes */
+        X[b * 32 / g] += finite ? rounded : NAN;
     }
 }
 
@@ -358,7 +373,7 @@ static float dot_q4_vnni(const uint8_t *d, const float *t, const float *X, const
     for (int64_t b = 0; b < nb; b += 4) {
         int64_t left = nb - b;
         __mmask64 m = left >= 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * left)) - 1);
-        _mm_prefetch((const char *)(w + b * 16 + 4096), _MM_HINT_T0); /* see PREFETCH */
+        _mm_prefetch((const char *)((uintptr_t)(w + b * 16) + 4096), _MM_HINT_T0); /* see PREFETCH */
         __m512i codes = _mm512_maskz_loadu_epi8(m, w + b * 16);
         __m512i even = _mm512_and_si512(codes, low), odd = _mm512_and_si512(_mm512_srli_epi16(codes, 4), low);
         const uint8_t *q = d + (b / 4) * Q4_DIGITS;

@@ -124,6 +124,7 @@ def test_a_compiled_contender_whose_tokens_differ_from_its_eager_ones_is_not_com
     row = peers._row(c, r, "int8", tokens=[5, 9, 9, 9, 9])
     assert "eager tokens differ from token 2" in row["invalid"]
     assert "invalid" not in peers._row(c, r, "int8", tokens=[5, 6, 7, 8, 1])
+    assert "invalid" not in peers._row(c, r, "int8", tokens=[5, 6])  # fewer timed tokens than checked
     ours = {"group": "int8", "engine": "minillm", "format": "W8A8", "tokens_per_s": 20.0, "prefill_ms": 1.0}
     assert summary([ours, row]) == []  # the only peer was wrong: nothing to compare with
     text = format_peers(
