@@ -8,7 +8,7 @@ first (reading more bytes than fp32 itself); its quantized engine's W8A8 has a f
 and, without VNNI, keeps activations to 7 bits. The C products read each weight once, in its
 stored form, and convert it in registers: ``q8_f32`` (int8 x fp32), ``q8_i8`` (W8A8: 8-bit
 activations per token, integer dot products exact in int32) and ``q4_f32`` (int4 groups x fp32;
-with AVX-512 VNNI the codes stay integers and each block of 32 activations is rounded to 16 bits,
+with AVX-512 VNNI the codes stay integers and each block of 32 activations is rounded to 24 bits,
 ``int4_rounds_activations``: converting every code to a float cost more than reading it).
 
 They serve up to ``MATVEC_ROWS`` rows; a longer input (a prompt) goes to the layer's matmul path,
@@ -42,7 +42,7 @@ def isa() -> str:
 
 def int4_rounds_activations() -> bool:
     """Whether the int4 kernel multiplies integers (AVX-512 VNNI): each block of 32 activations
-    rounded to 16 bits (within 2^-16 of the block's largest), the codes never converted to float."""
+    rounded to 24 bits (within 2^-24 of the block's largest), the codes never converted to float."""
     return isa() == "AVX-512 VNNI"
 
 
@@ -129,7 +129,7 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
         def rows(x: Tensor) -> Tensor:
             return q4_matvec(x, w, s, z, g)
 
-        what = "int4 x 16-bit blocks" if int4_rounds_activations() else "int4 x fp32"
+        what = "int4 x 24-bit blocks" if int4_rounds_activations() else "int4 x fp32"
     else:
         return None
 

@@ -11,7 +11,7 @@
  *           in int32 (AVX-512 VNNI vpdpbusd, else AVX2 vpmaddubsw/vpmaddwd), then one float
  *           multiply by both scales.
  *   q4_f32  int4 codes two per byte (even column in the low nibble), zero point and scale per group
- *           of g columns; fp32 activations (weight-only int4), with AVX-512 VNNI rounded to 16
+ *           of g columns; fp32 activations (weight-only int4), with AVX-512 VNNI rounded to 24
  *           bits per block of 32 and multiplied by the codes in integers.
  * Rows of W are shared out over `nt` OpenMP threads. Built by minillm/kernels/native.py.
  *
@@ -261,6 +261,7 @@ static float dot_q4_f32(const float *xp, const float *X, const uint8_t *w, const
     for (; j < G; j++) {
         __m512 d0 = _mm512_setzero_ps(), d1 = d0;
         for (int64_t c = j * g; c < (j + 1) * g; c += 32) {
+            _mm_prefetch((const char *)((uintptr_t)(w + c / 2) + 4096), _MM_HINT_T0);
             __m128i b = _mm_loadu_si128((const __m128i *)(w + c / 2));
             d0 = _mm512_fmadd_ps(widen16u(_mm_and_si128(b, low)), _mm512_loadu_ps(xp + c), d0);
             d1 = _mm512_fmadd_ps(widen16u(_mm_and_si128(_mm_srli_epi16(b, 4), low)), _mm512_loadu_ps(xp + c + 16), d1);
@@ -322,15 +323,16 @@ static float dot_q4_f32(const float *xp, const float *X, const uint8_t *w, const
 #ifdef MINILLM_VNNI
 /* ---- int4 with VNNI: the codes multiplied by integers ------------------------------------------
  * Converting each 4-bit code to a float costs more than reading it. With VNNI the codes stay
- * integers: each block of 32 activations is rounded to 16 bits with a scale of its own
- * (t = max|x| / 32767: within 2^-16 of the block's largest, finer than bf16's 2^-9), each 16-bit
- * a written as two bytes a = 256 h + l (h signed, l unsigned), and vpdpbusd sums code x h and
- * l x code exactly in 32-bit lanes (codes are 0..15: a u8 and an s8 alike). Per 128 columns
- * (4 blocks, 64 bytes of codes) the row holds, in this order, h of the even columns, h of the
- * odd ones, l of the even, l of the odd (64 bytes each, block by block, 16 columns a block),
- * then 16 floats: each block's t for the 4 lanes that sum its products. */
+ * integers: each block of 32 activations is rounded to 24 bits with a step of its own
+ * (t = max|x| / (2^23 - 1): within 2^-24 of the block's largest value, as fine as fp32 is for it),
+ * each a written as three bytes a = 65536 h + 256 m + l (h signed, m and l unsigned), and
+ * vpdpbusd sums code x h, m x code and l x code exactly in 32-bit lanes (codes are 0..15: a u8
+ * and an s8 alike). Per 128 columns (4 blocks, 64 bytes of codes) the row holds h of the even
+ * columns, h of the odd ones, then m and l the same way (64 bytes each, block by block, 16
+ * columns a block), and 16 floats: each block's t for the 4 lanes that sum its products. */
 #define Q4_CHUNK 128
-#define Q4_DIGITS (4 * 64)
+#define Q4_DIGITS (6 * 64)
+#define Q4_LEVELS 8388607.0f /* 2^23 - 1 */
 
 static void digits_row(const float *x, int64_t K, int64_t Kp, int64_t g, uint8_t *d, float *t, float *X) {
     int64_t nb = Kp / 32, nq = (nb + 3) / 4;
@@ -347,14 +349,16 @@ static void digits_row(const float *x, int64_t K, int64_t Kp, int64_t g, uint8_t
             nan |= v[i] != v[i];
         }
         int finite = !nan && peak <= FLT_MAX; /* else the outputs are NaN, through t and X */
-        float step = finite ? peak / 32767.0f : NAN;
+        float step = finite ? peak / Q4_LEVELS : NAN;
         uint8_t *q = d + (b / 4) * Q4_DIGITS + (b % 4) * 16;
         for (int i = 0; i < 16; i++)
             for (int odd = 0; odd < 2; odd++) {
                 float r = finite && step > 0 ? nearbyintf(v[2 * i + odd] / step) : 0.0f;
-                int32_t a = (int32_t)fminf(fmaxf(r, -32767.0f), 32767.0f), lo = a & 255;
-                q[odd * 64 + i] = (uint8_t)(int8_t)((a - lo) / 256);
-                q[128 + odd * 64 + i] = (uint8_t)lo;
+                int32_t a = (int32_t)fminf(fmaxf(r, -Q4_LEVELS), Q4_LEVELS);
+                int32_t lo = a & 255, mid = (a >> 8) & 255; /* two's complement bytes */
+                q[odd * 64 + i] = (uint8_t)(int8_t)((a - mid * 256 - lo) / 65536);
+                q[128 + odd * 64 + i] = (uint8_t)mid;
+                q[256 + odd * 64 + i] = (uint8_t)lo;
                 rounded += (float)a * step;
             }
         for (int i = 0; i < 4; i++) t[(b / 4) * 16 + (b % 4) * 4 + i] = step;
@@ -379,9 +383,13 @@ static float dot_q4_vnni(const uint8_t *d, const float *t, const float *X, const
         const uint8_t *q = d + (b / 4) * Q4_DIGITS;
         __m512i h = _mm512_dpbusd_epi32(zero, even, _mm512_loadu_si512((const void *)q));
         h = _mm512_dpbusd_epi32(h, odd, _mm512_loadu_si512((const void *)(q + 64)));
-        __m512i l = _mm512_dpbusd_epi32(zero, _mm512_loadu_si512((const void *)(q + 128)), even);
-        l = _mm512_dpbusd_epi32(l, _mm512_loadu_si512((const void *)(q + 192)), odd);
-        __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l)); /* exact: < 2^24 */
+        __m512i mid = _mm512_dpbusd_epi32(zero, _mm512_loadu_si512((const void *)(q + 128)), even);
+        mid = _mm512_dpbusd_epi32(mid, _mm512_loadu_si512((const void *)(q + 192)), odd);
+        __m512i l = _mm512_dpbusd_epi32(zero, _mm512_loadu_si512((const void *)(q + 256)), even);
+        l = _mm512_dpbusd_epi32(l, _mm512_loadu_si512((const void *)(q + 320)), odd);
+        /* 8 products a lane: |h| sums below 2^14, m and l sums below 2^15; the total below 2^31 */
+        __m512i whole = _mm512_add_epi32(_mm512_slli_epi32(h, 16), _mm512_slli_epi32(mid, 8));
+        __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(whole, l));
         __m128 blocks;
         if (r == 1) /* a scale a block */
             blocks = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)(left >= 4 ? 15 : (1 << left) - 1), s + b));

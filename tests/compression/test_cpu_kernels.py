@@ -33,7 +33,7 @@ def test_each_c_kernel_equals_the_reference_product(scheme, group, n, k, m):
     """int8 and int4 against dequantize-then-matmul (fp32, summed in another order: 1e-5 of the
     output's scale); W8A8 against ``w8a8_matmul`` exactly: the same 8-bit codes of each token
     (the same rounding, half to even) and integer sums, exact in int32 here and in fp32 there
-    while below 2**24. int4 with VNNI rounds each block of 32 activations to 16 bits: each
+    while below 2**24. int4 with VNNI rounds each block of 32 activations to 24 bits: each
     output is within what that rounding can move it (``int4_rounding_bound``)."""
     q = layer(scheme, group, n, k, seed=n + k)
     kernel = q.kernel(torch.device("cpu"), torch.float32)
@@ -78,11 +78,11 @@ def test_a_nan_activation_gives_nan_outputs_as_the_reference_does(scheme, group)
 
 
 def int4_rounding_bound(x, w):
-    """How far rounding each block of 32 activations to 16 bits (a step of max|x| / 32767 over
+    """How far rounding each block of 32 activations to 24 bits (a step of max|x| / (2^23 - 1) over
     the block) can move x @ w.T: half a step times |w|, summed."""
     k = x.shape[1]
     blocks = torch.nn.functional.pad(x, (0, -k % 32)).view(x.shape[0], -1, 32)
-    step = blocks.abs().amax(-1) / 32767  # (M, blocks)
+    step = blocks.abs().amax(-1) / (2**23 - 1)  # (M, blocks)
     half_step = (step / 2).repeat_interleave(32, dim=1)[:, :k]  # (M, K)
     return half_step @ w.abs().T
 
@@ -139,7 +139,7 @@ def test_int4_scales_below_fp16s_normal_range_are_read_exactly(monkeypatch, isa)
 
 
 def test_the_int4_bound_holds_for_rounded_activations_and_catches_a_coarser_rounding():
-    """The bound the VNNI int4 kernel is held to is tight enough to fail 8-bit rounding."""
+    """The bound the VNNI int4 kernel is held to is tight enough to fail 16-bit rounding."""
     torch.manual_seed(0)
     x, w = torch.randn(4, 256), torch.randn(64, 256)
     blocks = x.view(4, -1, 32)
@@ -149,8 +149,8 @@ def test_the_int4_bound_holds_for_rounded_activations_and_catches_a_coarser_roun
         return (torch.round(blocks / step) * step).view(4, 256)
 
     bound = int4_rounding_bound(x, w)
-    assert ((rounded(32767) @ w.T - x @ w.T).abs() <= bound + 1e-5).all()
-    assert ((rounded(127) @ w.T - x @ w.T).abs() > bound + 1e-5).any()
+    assert ((rounded(2**23 - 1) @ w.T - x @ w.T).abs() <= bound + 1e-6).all()
+    assert ((rounded(2**15 - 1) @ w.T - x @ w.T).abs() > bound + 1e-6).any()
 
 
 @pytest.mark.parametrize("scheme, group", SCHEMES)
