@@ -61,7 +61,7 @@ static inline __m512 widen16u(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvte
 static inline float half_to_float(uint16_t h) {
 #ifdef __F16C__
     return _cvtsh_ss(h);
-#endif
+#else
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
     if (exp == 0) {
         float f = ldexpf((float)mant, -24); /* zero or subnormal */
@@ -71,6 +71,7 @@ static inline float half_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+#endif
 }
 
 /* the widest path this build takes: 0 portable C, 1 AVX2, 2 AVX-512, 3 AVX-512 with VNNI */
@@ -330,7 +331,6 @@ static float dot_q4_f32(const float *xp, const float *X, const uint8_t *w, const
  * and an s8 alike). Per 128 columns (4 blocks, 64 bytes of codes) the row holds h of the even
  * columns, h of the odd ones, then m and l the same way (64 bytes each, block by block, 16
  * columns a block), and 16 floats: each block's t for the 4 lanes that sum its products. */
-#define Q4_CHUNK 128
 #define Q4_DIGITS (6 * 64)
 #define Q4_LEVELS 8388607.0f /* 2^23 - 1 */
 

@@ -94,11 +94,9 @@ NARROWER = {  # another instruction set's path, built with these flags, where th
 }
 
 
-@pytest.mark.parametrize("isa", sorted(NARROWER))
-@pytest.mark.parametrize("scheme, group", SCHEMES)
-def test_the_narrower_paths_equal_the_reference_product(monkeypatch, isa, scheme, group):
-    """The AVX-512 (without VNNI), AVX2 and portable paths, built here beside the widest one: the
-    same checks (int4 exact to 1e-5, as they keep fp32 activations)."""
+def use_narrower(monkeypatch, isa: str) -> None:
+    """Make the kernels built for ``isa`` the library the layers use (skip where they do not build
+    here, or build another instruction set's path on this CPU)."""
     try:
         lib = native.library_built_with(NARROWER[isa])
     except OSError as e:
@@ -106,6 +104,14 @@ def test_the_narrower_paths_equal_the_reference_product(monkeypatch, isa, scheme
     if cpu_kernels.ISAS[lib.minillm_isa()] != isa:
         pytest.skip(f"these flags build {cpu_kernels.ISAS[lib.minillm_isa()]} here, not {isa}")
     monkeypatch.setitem(native._state, "lib", lib)
+
+
+@pytest.mark.parametrize("isa", sorted(NARROWER))
+@pytest.mark.parametrize("scheme, group", SCHEMES)
+def test_the_narrower_paths_equal_the_reference_product(monkeypatch, isa, scheme, group):
+    """The AVX-512 (without VNNI), AVX2 and portable paths, built here beside the widest one: the
+    same checks (int4 exact to 1e-5, as they keep fp32 activations)."""
+    use_narrower(monkeypatch, isa)
     for n, k, m in [(64, 128, 1), (7, 100, 3), (33, 1000, 2)]:
         q = layer(scheme, group, n, k, seed=n + k)
         kernel = q.kernel(torch.device("cpu"), torch.float32)
@@ -123,11 +129,7 @@ def test_int4_scales_below_fp16s_normal_range_are_read_exactly(monkeypatch, isa)
     """Weights of about 1e-4 give scales that fp16 holds only as subnormals: each path converts
     them exactly (the portable path by hand, the others by the CPU)."""
     if isa != "native":
-        try:
-            lib = native.library_built_with(NARROWER[isa])
-        except OSError as e:
-            pytest.skip(f"no {isa} build here: {e}")
-        monkeypatch.setitem(native._state, "lib", lib)
+        use_narrower(monkeypatch, isa)
     torch.manual_seed(0)
     q = QuantizedLinear.from_linear(torch.nn.Linear(96, 24, bias=False), QuantSpec.make("int4", 32))
     q.scales.copy_(q.scales * 2e-3)  # as a layer of weights 500 times smaller would store
