@@ -12,6 +12,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # a small model's CPU graph autotunes its matrix products (core.compiled.compiling): 3x the compile
 # time, the same tokens; the suite compiles without it, and test_compiled checks it once
 os.environ.setdefault("MINILLM_AUTOTUNE", "0")
+# and with a Python caller of its kernels (a C++ one compiles a quarter longer, the same kernels);
+# test_compiled checks the C++ caller's tokens
+os.environ.setdefault("MINILLM_CPP_WRAPPER", "0")
 if not torch.cuda.is_available():  # the Triton kernel tests run in its CPU interpreter, set before triton loads
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

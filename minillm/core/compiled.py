@@ -181,14 +181,19 @@ def compiling(device: torch.device, weights: int | None = None):
     long. ``MINILLM_AUTOTUNE=0`` turns it off (the test suite does, for its compile time). A fused
     kernel rounds to bf16 (or fp16) wherever eager code would (``emulate_precision_casts``), not
     only at its end: a compiled low-precision step gives eager's tokens, not a near tie's other
-    side. Inductor reads these flags while it compiles, so they are set around the calls that compile."""
+    side. The graph's own caller is C++ (``cpp_wrapper``), not Python: the Python wrapper spends a
+    few microseconds on each of a step's ~100 kernel calls, buffers and checks, which on a model
+    this small is a tenth of the step (``MINILLM_CPP_WRAPPER=0`` keeps it Python). Inductor reads
+    these flags while it compiles, so they are set around the calls that compile."""
     if device.type == "cuda":
         return torch._inductor.config.patch(freezing=False)
     autotune = weights is not None and weights <= AUTOTUNE_BYTES and os.environ.get("MINILLM_AUTOTUNE", "1") != "0"
-    same_rounding = {"freezing": True, "emulate_precision_casts": True}
-    if not autotune:
-        return torch._inductor.config.patch(**same_rounding)
-    return torch._inductor.config.patch(**same_rounding, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
+    flags = {"freezing": True, "emulate_precision_casts": True}
+    if os.environ.get("MINILLM_CPP_WRAPPER", "1") != "0":
+        flags["cpp_wrapper"] = True
+    if autotune:
+        flags.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
+    return torch._inductor.config.patch(**flags)
 
 
 def own_code(fn: types.FunctionType) -> types.FunctionType:

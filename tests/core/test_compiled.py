@@ -170,12 +170,14 @@ def test_compiled_generation_needs_no_autograd_so_its_static_caches_never_do():
 
 
 def test_a_small_model_autotunes_its_matrix_products_and_keeps_eagers_tokens(monkeypatch):
-    """On the CPU minillm-target (24 MB of weights) compiles with Inductor's GEMM autotuning, a
-    large model does not; the tokens are eager's either way."""
+    """On the CPU minillm-target (24 MB of weights) compiles with Inductor's GEMM autotuning and
+    a C++ caller of its kernels, as a user gets it; a large model does not autotune; the tokens
+    are eager's either way."""
     import minillm
     from minillm.core import compiled as compiled_module
 
     monkeypatch.setenv("MINILLM_AUTOTUNE", "1")
+    monkeypatch.setenv("MINILLM_CPP_WRAPPER", "1")
     seen = []
     real = compiled_module.compiling
     monkeypatch.setattr(compiled_module, "compiling", lambda d, w=None: seen.append(w) or real(d, w))
@@ -191,4 +193,23 @@ def test_a_small_model_autotunes_its_matrix_products_and_keeps_eagers_tokens(mon
         assert torch._inductor.config.max_autotune
     monkeypatch.setenv("MINILLM_AUTOTUNE", "0")
     with real(torch.device("cpu"), 1000):
-        assert not torch._inductor.config.max_autotune
+        assert not torch._inductor.config.max_autotune and torch._inductor.config.cpp_wrapper
+    monkeypatch.setenv("MINILLM_CPP_WRAPPER", "0")
+    with real(torch.device("cpu"), 1000):
+        assert not torch._inductor.config.cpp_wrapper
+
+
+@pytest.mark.parametrize("scheme", ["int4", "w8a8"])
+def test_a_cpp_caller_keeps_eagers_tokens_through_the_c_kernels(monkeypatch, scheme):
+    """A quantized model's compiled step calls minillm's C kernels (custom ops) between Inductor's
+    own: with the graph's caller in C++ the tokens are still eager's (int4 in bf16, W8A8 fp32)."""
+    import minillm
+    from minillm.runtime import RuntimeOptions, load_model
+
+    monkeypatch.setenv("MINILLM_CPP_WRAPPER", "1")
+    options = RuntimeOptions(quantize=scheme, group_size=32 if scheme == "int4" else None, device="cpu")
+    model, tok = load_model("minillm-target", options)
+    prompt = tok.encode("def read_config(path):")
+    eager = minillm.generate(model, prompt, 12, eos_token_id=None)
+    fast = minillm.generate(model, prompt, 12, eos_token_id=None, compile=True)
+    assert torch.equal(eager.tokens, fast.tokens)
