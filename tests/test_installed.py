@@ -36,7 +36,7 @@ def test_the_wheel_installs_one_top_level_package(site):
 
 def test_a_process_on_the_wheel_reads_everything_from_it(site, tmp_path):
     """What the chapters read, from a folder outside the checkout: the package, its kernels (the
-    C source built afresh where a compiler is), the corpus, a bundled model and a saved run."""
+    C source and the C++ operators built afresh where compilers are), the corpus, a bundled model and a saved run."""
     code = (
         "import json, minillm, minillm.kernels as k\n"
         "from minillm.kernels import native\n"
@@ -44,9 +44,10 @@ def test_a_process_on_the_wheel_reads_everything_from_it(site, tmp_path):
         "from minillm.book import saved_results\n"
         "model, tok = minillm.load('minillm-draft')\n"
         "built = native.library() is not None or native.compiler() is None\n"
+        "ops = native.operators() is not None or native.cxx_compiler() is None\n"
         "print(json.dumps([minillm.__file__, k.__file__, len(load_text('valid')) > 0,\n"
         "                  len(tok.encode('def f(x):')) > 0, bool(saved_results('bench_generate')),\n"
-        "                  native.SOURCE.is_file(), built]))\n"
+        "                  native.SOURCE.is_file(), built, native.OPS_SOURCE.is_file(), ops]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site), "MINILLM_CACHE": str(tmp_path / "cache")}
     run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -55,7 +56,7 @@ def test_a_process_on_the_wheel_reads_everything_from_it(site, tmp_path):
     package, kernels, *read = json.loads(out.stdout.strip().splitlines()[-1])
     assert Path(package).is_relative_to(site) and Path(kernels).is_relative_to(site)
     assert not Path(package).is_relative_to(ROOT)
-    assert read == [True, True, True, True, True]
+    assert read == [True] * 7
 
 
 def test_nbval_kernels_run_on_the_wheel():

@@ -13,7 +13,8 @@ with AVX-512 VNNI the codes stay integers and each block of 32 activations is ro
 
 They serve up to ``MATVEC_ROWS`` rows; a longer input (a prompt) goes to the layer's matmul path,
 which reads its weights once for many rows. Each op is opaque to torch.compile (a custom op), so a
-compiled step calls it between the graph's fused kernels; it returns its rows rounded to the
+compiled step calls it between the graph's fused kernels; its implementation is C++
+(``kernels/quant_ops.cpp``, ``implementation()``) where that builds, else Python. It returns its rows rounded to the
 activations' dtype itself, so eager and compiled steps see the same values. ``MINILLM_NATIVE=0``
 turns them off.
 
@@ -21,6 +22,8 @@ turns them off.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 from torch import Tensor, nn
@@ -52,34 +55,54 @@ def _call(status: int | None, what: str) -> None:
 
 
 # Declared with torch.library.Library, not torch.library.custom_op: the latter's Python wrapper
-# costs ~25 us a call here against ~8 us, and a SmolLM2-360M step makes 225 of these calls.
+# costs ~25 us a call here against ~8 us, and a SmolLM2-360M step makes 225 of these calls. The
+# implementation is C++ (kernels/quant_ops.cpp, ~1 us a call less again) where it builds, else
+# the Python functions below. ``fn`` is the address of the C function to run: the build of the
+# kernels (kernels.native) that the layer's kernel was made with.
 _OPS = torch.library.Library("minillm", "FRAGMENT")
-_OPS.define("q8_matvec_cpu(Tensor x, Tensor w, Tensor s, bool integer) -> Tensor")
-_OPS.define("q4_matvec_cpu(Tensor x, Tensor w, Tensor s, Tensor z, int group_size) -> Tensor")
+_OPS.define("q8_matvec_cpu(Tensor x, Tensor w, Tensor s, int fn, bool integer) -> Tensor")
+_OPS.define("q4_matvec_cpu(Tensor x, Tensor w, Tensor s, Tensor z, int group_size, int fn) -> Tensor")
+
+_P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_PROTOTYPES = {  # the C functions' signatures, as kernels.native declares them
+    "q8_f32": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _I, _P, _N),
+    "q8_i8": ctypes.CFUNCTYPE(_N, _P, _I, _I, _P, _P, _I, _P, _N),
+    "q4_f32": ctypes.CFUNCTYPE(_N, _P, _I, _I, _P, _P, _P, _I, _I, _I, _P, _N),
+}
+_functions: dict[tuple[str, int], ctypes._CFuncPtr] = {}
 
 
-def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
+def address(lib: ctypes.CDLL, name: str) -> int:
+    """The address of the C function ``name`` in the loaded kernels ``lib`` (the ops' ``fn``)."""
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def _function(name: str, fn: int):
+    if (name, fn) not in _functions:
+        _functions[name, fn] = _PROTOTYPES[name](fn)
+    return _functions[name, fn]
+
+
+def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, fn: int, integer: bool) -> Tensor:
     """x (M, K) float, w int8 (N, K), s fp32 (N,) -> (M, N) in x's dtype; ``integer``: W8A8."""
     dtype, x = x.dtype, x.float().contiguous()
     (m, k), n = x.shape, w.shape[0]
     y = x.new_empty(m, n)
     args = (x.data_ptr(), m, k, w.data_ptr(), s.data_ptr(), n, y.data_ptr(), torch.get_num_threads())
-    lib = native.library()
     if integer:
-        _call(lib.q8_i8(*args), "q8_i8")
+        _call(_function("q8_i8", fn)(*args), "q8_i8")
     else:
-        lib.q8_f32(*args)
+        _function("q8_f32", fn)(*args)
     return y.to(dtype)
 
 
-def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int) -> Tensor:
+def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, fn: int) -> Tensor:
     """x (M, K) float, w uint8 (N, G * g / 2) packed codes, s fp16 scales and z uint8 zero points
     (N, G), as the layer stores them -> (M, N) in x's dtype."""
     dtype, x = x.dtype, x.float().contiguous()
     (m, k), n = x.shape, w.shape[0]
     y = x.new_empty(m, n)
-    lib = native.library()
-    status = lib.q4_f32(
+    status = _function("q4_f32", fn)(
         x.data_ptr(), m, k, w.data_ptr(), s.data_ptr(), z.data_ptr(), n, w.shape[1] * 2, group_size,
         y.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
@@ -87,17 +110,35 @@ def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int) -> T
     return y.to(dtype)
 
 
-_OPS.impl("q8_matvec_cpu", _q8_matvec, "CPU")
-_OPS.impl("q4_matvec_cpu", _q4_matvec, "CPU")
+_state: dict[str, str] = {}
+
+
+def implementation() -> str:
+    """The operators' implementation, registered on first use: "C++" (``kernels/quant_ops.cpp``,
+    built against this torch) or "Python (why not C++)"."""
+    if "impl" not in _state:
+        path = native.operators()
+        if path is not None:
+            try:
+                torch.ops.load_library(str(path))
+                _state["impl"] = "C++"
+            except OSError as e:
+                _state["impl"] = f"Python ({e})"
+        else:
+            _state["impl"] = f"Python ({native.operators_error()})"
+        if _state["impl"] != "C++":
+            _OPS.impl("q8_matvec_cpu", _q8_matvec, "CPU")
+            _OPS.impl("q4_matvec_cpu", _q4_matvec, "CPU")
+    return _state["impl"]
 
 
 @torch.library.register_fake("minillm::q8_matvec_cpu", lib=_OPS)
-def _(x: Tensor, w: Tensor, s: Tensor, integer: bool) -> Tensor:
+def _(x: Tensor, w: Tensor, s: Tensor, fn: int, integer: bool) -> Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
 
 
 @torch.library.register_fake("minillm::q4_matvec_cpu", lib=_OPS)
-def _(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int) -> Tensor:
+def _(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, fn: int) -> Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
 
 
@@ -109,15 +150,17 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
     """The C kernel for ``layer``'s scheme, handing inputs of more than ``MATVEC_ROWS`` rows to
     ``matmul``; None where the C kernels do not apply (no compiler, fp8, int4 groups that are not
     a multiple of 32)."""
-    if native.library() is None:
+    lib = native.library()
+    if lib is None:
         return None
+    implementation()  # the operators' implementation, registered before their first call
     scheme = layer.spec.scheme
     if scheme in ("int8", "w8a8"):
         integer = scheme == "w8a8"
-        w, s = layer.qweight, layer.scales.float()
+        w, s, fn = layer.qweight, layer.scales.float(), address(lib, "q8_i8" if integer else "q8_f32")
 
         def rows(x: Tensor) -> Tensor:
-            return q8_matvec(x, w, s, integer)
+            return q8_matvec(x, w, s, fn, integer)
 
         what = "int8 x int8" if integer else "int8 x fp32"
     elif scheme == "int4" and layer.spec.group_size % 32 == 0:
@@ -126,8 +169,10 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
         if not torch.equal(s.float(), layer.scales.float()):
             return None  # scales that fp16 cannot hold exactly (a layer cast to another dtype)
 
+        fn = address(lib, "q4_f32")
+
         def rows(x: Tensor) -> Tensor:
-            return q4_matvec(x, w, s, z, g)
+            return q4_matvec(x, w, s, z, g, fn)
 
         what = "int4 x 24-bit blocks" if int4_rounds_activations() else "int4 x fp32"
     else:

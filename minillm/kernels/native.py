@@ -6,6 +6,10 @@ source, the compiler, its flags and the CPU's feature flags: a home directory sh
 with different CPUs builds one library per CPU. Several processes building at once each write a
 file of their own and rename it into place. No compiler, or a build that fails: ``library()``
 returns None and ``library_error()`` says why; the callers keep their other paths.
+
+``operators()`` builds ``quant_ops.cpp`` the same way with the C++ compiler, against the installed
+torch: the kernels as PyTorch operators whose implementation is C++, so that calling one from a
+compiled step does not go through Python (a few seconds to build, once per torch and compiler).
 """
 
 from __future__ import annotations
@@ -52,9 +56,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm")) / "kernels"
 
 
-def _target(source: bytes, cc: str, flags: tuple[str, ...]) -> Path:
+def _target(source: bytes, cc: str, flags: tuple[str, ...], name: str = "quant_matvec") -> Path:
     key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(flags).encode(), cpu_flags().encode()]))
-    return cache_dir() / f"quant_matvec-{key.hexdigest()[:16]}.so"
+    return cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
+
+
+def _compile(cmd: list[str], target: Path) -> str | None:
+    """Run ``cmd`` with the output file its last argument, into ``target`` -> None, or the error.
+    Each process writes a file of its own and renames it into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([*cmd, tmp], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        os.unlink(tmp)
+        return str(e)
+    if done.returncode == 0:
+        os.replace(tmp, target)
+        return None
+    os.unlink(tmp)
+    lines = done.stderr.strip().splitlines() or ["?"]
+    return next((line for line in lines if "error" in line), lines[-1])
 
 
 def _build(cc: str, flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> Path:
@@ -65,21 +88,10 @@ def _build(cc: str, flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> Path:
         return built
     errors = []
     for flags, target in targets.items():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        cmd = [cc, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            os.unlink(tmp)
-            errors.append(f"{' '.join(flags)}: {e}")
-            continue
-        if done.returncode == 0:
-            os.replace(tmp, target)
+        error = _compile([cc, *flags, "-shared", "-fPIC", str(SOURCE), "-lm", "-o"], target)
+        if error is None:
             return target
-        os.unlink(tmp)
-        errors.append(f"{' '.join(flags)}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        errors.append(f"{' '.join(flags)}: {error}")
     raise OSError("the C kernels did not build: " + "; ".join(errors))
 
 
@@ -124,3 +136,54 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.q4_f32.restype = n
     lib.minillm_isa.restype = n
     return lib
+
+
+# ---- the kernels as PyTorch operators implemented in C++ (quant_ops.cpp) ----------------------
+
+OPS_SOURCE = Path(__file__).with_name("quant_ops.cpp")
+
+
+def cxx_compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def operators() -> Path | None:
+    """The C++ implementations of ``compression.cpu_kernels``' operators, built against this
+    torch (its headers and libraries), or None where they cannot be (``operators_error()`` says
+    why): the operators then keep their Python implementations. ``MINILLM_CPP_OPS=0`` keeps those."""
+    if "ops" in _state:
+        return _state["ops"]
+    path, error = None, None
+    if os.environ.get("MINILLM_CPP_OPS", "1") == "0":
+        error = "turned off by MINILLM_CPP_OPS=0"
+    elif (cxx := cxx_compiler()) is None:
+        error = "no C++ compiler found (set CXX, or install g++ or clang++)"
+    else:
+        import torch
+        from torch.utils import cpp_extension
+
+        libs = cpp_extension.library_paths()[0]
+        flags = (
+            "-O2",
+            "-std=c++20",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            *(f"-I{p}" for p in cpp_extension.include_paths()),
+            f"-L{libs}",
+            f"-Wl,-rpath,{libs}",
+        )
+        target = _target(OPS_SOURCE.read_bytes(), cxx, (*flags, torch.__version__), "quant_ops")
+        if not target.exists():
+            cmd = [cxx, *flags, "-shared", "-fPIC", str(OPS_SOURCE), "-lc10", "-ltorch_cpu", "-o"]
+            if (failed := _compile(cmd, target)) is not None:
+                error = f"the C++ operators did not build: {failed}"
+        path = target if error is None else None
+    _state.update(ops=path, ops_error=error)
+    return path
+
+
+def operators_error() -> str | None:
+    operators()
+    return _state["ops_error"]

@@ -249,6 +249,61 @@ def test_without_a_compiler_the_layers_keep_their_other_paths(monkeypatch, tmp_p
     monkeypatch.setattr(native, "_state", {})  # the real library again for the tests after this
 
 
+def operator_args(q: QuantizedLinear, lib) -> tuple:
+    """What ``decode_kernel`` passes the layer's operator, after x."""
+    if q.spec.scheme == "int4":
+        return q.qweight, q.scales.half(), q.zeros, q.spec.group_size, cpu_kernels.address(lib, "q4_f32")
+    integer = q.spec.scheme == "w8a8"
+    return q.qweight, q.scales.float(), cpu_kernels.address(lib, "q8_i8" if integer else "q8_f32"), integer
+
+
+@pytest.mark.skipif(native.cxx_compiler() is None, reason="no C++ compiler here: the operators stay Python")
+@pytest.mark.parametrize("scheme, group", SCHEMES)
+def test_the_operators_are_cpp_and_equal_their_python_implementation(scheme, group):
+    """Where a C++ compiler is, the operators are implemented in C++ (quant_ops.cpp, built against
+    this torch); they call the same C functions as the Python ones, so the outputs are equal, bit
+    for bit, in fp32 and bf16, for one row and several."""
+    assert cpu_kernels.implementation() == "C++", native.operators_error()
+    q, lib = layer(scheme, group, 40, 320, seed=3), native.library()
+    op, python = (
+        (cpu_kernels.q4_matvec, cpu_kernels._q4_matvec)
+        if scheme == "int4"
+        else (cpu_kernels.q8_matvec, cpu_kernels._q8_matvec)
+    )
+    for dtype in (torch.float32, torch.bfloat16):
+        for m in (1, 5):
+            x = torch.randn(m, 320).to(dtype)
+            got = op(x, *operator_args(q, lib))
+            assert got.dtype == dtype and torch.equal(got, python(x, *operator_args(q, lib)))
+
+
+@pytest.mark.skipif(native.cxx_compiler() is None, reason="no C++ compiler here: the operators stay Python")
+def test_an_operator_names_a_tensor_it_cannot_take():
+    assert cpu_kernels.implementation() == "C++", native.operators_error()
+    q, lib = layer("w8a8", None, 8, 64), native.library()
+    w, s, fn, integer = operator_args(q, lib)
+    with pytest.raises(RuntimeError, match="w must be a contiguous int8 tensor, got Float"):
+        cpu_kernels.q8_matvec(torch.randn(1, 64), w.float(), s, fn, integer)
+    with pytest.raises(RuntimeError, match="do not match"):
+        cpu_kernels.q8_matvec(torch.randn(1, 63), w, s, fn, integer)
+    w, s, z, g, fn = operator_args(layer("int4", 32, 8, 64), lib)
+    with pytest.raises(RuntimeError, match="s must be a contiguous fp16 tensor, got Float"):
+        cpu_kernels.q4_matvec(torch.randn(1, 64), w, s.float(), z, g, fn)
+
+
+def test_without_a_cpp_compiler_the_operators_say_why(monkeypatch, tmp_path):
+    """The C++ operators' build: a compiler that fails names the build's error, and
+    ``MINILLM_CPP_OPS=0`` turns it off (the operators then keep their Python implementation)."""
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    assert native.operators() is None and "did not build" in native.operators_error()
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("MINILLM_CPP_OPS", "0")
+    assert native.operators() is None and "MINILLM_CPP_OPS=0" in native.operators_error()
+    monkeypatch.setattr(native, "_state", {})
+
+
 def test_the_build_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))

@@ -1,0 +1,71 @@
+/* minillm's C decode kernels (quant_matvec.c) as PyTorch operators implemented in C++.
+ *
+ * A compiled decode step calls one of these per quantized layer. Implemented in Python, each call
+ * crosses into the interpreter and back through ctypes, a few microseconds that a small model's
+ * step (25 such calls) feels; registered here, the dispatcher calls the C function directly.
+ * The schemas are declared by minillm.compression.cpu_kernels (one place), and so is a Python
+ * implementation, used where this file cannot be built. `fn` is the address of the C function to
+ * run, from the build of the kernels the layer's kernel was made with (kernels.native).
+ */
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+using q8_float = void (*)(const float *, int64_t, int64_t, const int8_t *, const float *, int64_t, float *, int);
+using q8_integer = int (*)(const float *, int64_t, int64_t, const int8_t *, const float *, int64_t, float *, int);
+using q4_float = int (*)(const float *, int64_t, int64_t, const uint8_t *, const uint16_t *, const uint8_t *,
+                         int64_t, int64_t, int64_t, float *, int);
+
+static void check(const at::Tensor &t, at::ScalarType dtype, const char *name, const char *dtype_name) {
+    TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous(), "minillm's C kernels: ", name, " must be a contiguous ",
+                dtype_name, " tensor, got ", t.scalar_type(), t.is_contiguous() ? "" : " (not contiguous)");
+}
+
+/* x (M, K) float, w int8 (N, K), s fp32 (N,) -> (M, N) in x's dtype; integer: W8A8 */
+static at::Tensor q8_matvec(const at::Tensor &x, const at::Tensor &w, const at::Tensor &s, int64_t fn, bool integer) {
+    check(w, at::kChar, "w", "int8");
+    check(s, at::kFloat, "s", "fp32");
+    at::Tensor xf = x.to(at::kFloat).contiguous();
+    int64_t m = xf.size(0), k = xf.size(1), n = w.size(0);
+    TORCH_CHECK(w.size(1) == k && s.numel() == n, "minillm's C kernels: x, w and s do not match");
+    at::Tensor y = at::empty({m, n}, xf.options());
+    const float *xp = xf.const_data_ptr<float>(), *sp = s.const_data_ptr<float>();
+    const int8_t *wp = w.const_data_ptr<int8_t>();
+    int nt = at::get_num_threads();
+    if (integer) {
+        int status = reinterpret_cast<q8_integer>(fn)(xp, m, k, wp, sp, n, y.data_ptr<float>(), nt);
+        TORCH_CHECK(status == 0, "the C kernel q8_i8 could not allocate its scratch buffers");
+    } else {
+        reinterpret_cast<q8_float>(fn)(xp, m, k, wp, sp, n, y.data_ptr<float>(), nt);
+    }
+    return y.to(x.scalar_type());
+}
+
+/* x (M, K) float, w uint8 (N, G * g / 2) packed codes, s fp16 scales and z uint8 zero points (N, G)
+ * -> (M, N) in x's dtype */
+static at::Tensor q4_matvec(const at::Tensor &x, const at::Tensor &w, const at::Tensor &s, const at::Tensor &z,
+                            int64_t group_size, int64_t fn) {
+    check(w, at::kByte, "w", "uint8");
+    check(s, at::kHalf, "s", "fp16");
+    check(z, at::kByte, "z", "uint8");
+    at::Tensor xf = x.to(at::kFloat).contiguous();
+    int64_t m = xf.size(0), k = xf.size(1), n = w.size(0), kp = w.size(1) * 2;
+    TORCH_CHECK(kp >= k && group_size > 0 && kp % group_size == 0 && s.numel() == n * (kp / group_size) &&
+                    z.numel() == s.numel(),
+                "minillm's C kernels: x, w, s and z do not match");
+    at::Tensor y = at::empty({m, n}, xf.options());
+    int status = reinterpret_cast<q4_float>(fn)(
+        xf.const_data_ptr<float>(), m, k, w.const_data_ptr<uint8_t>(),
+        reinterpret_cast<const uint16_t *>(s.const_data_ptr<at::Half>()), z.const_data_ptr<uint8_t>(), n, kp,
+        group_size, y.data_ptr<float>(), at::get_num_threads());
+    TORCH_CHECK(status == 0, "the C kernel q4_f32 could not allocate its scratch buffers");
+    return y.to(x.scalar_type());
+}
+
+TORCH_LIBRARY_IMPL(minillm, CPU, m) {
+    m.impl("q8_matvec_cpu", &q8_matvec);
+    m.impl("q4_matvec_cpu", &q4_matvec);
+}
