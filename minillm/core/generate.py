@@ -196,14 +196,17 @@ def generate(
         logits = prefill(model, ids, positions if padded else None, cache)
     else:
         logits = recompute_step(model, ids, positions)
+    next_pos = positions[:, -1:]  # (B, 1): each row continues from its own length
     for step in range(max_new_tokens):
         token = sample(logits, params, generator)  # (B,)
-        token = torch.where(done, torch.full_like(token, pad_id), token)
+        if eos_ids:  # without stop ids no row is ever done: a step spends nothing on them
+            token.masked_fill_(done, pad_id)
+            n_new += (~done).long()
         out[:, step] = token
-        n_new += (~done).long()
         if on_token is not None:
             on_token(token)
-        done |= torch.isin(token, eos)
+        if eos_ids:
+            done |= torch.isin(token, eos)
         synchronize(device)
         now = time.perf_counter()
         if step == 0:
@@ -213,8 +216,9 @@ def generate(
         t_prev = now
         if step + 1 == max_new_tokens or (eos_ids and bool(done.all())):
             break
-        next_pos = positions[:, -1:] + 1  # (B, 1): each row continues from its own length
-        positions = torch.cat([positions, next_pos], dim=1)
+        next_pos = next_pos + 1
+        if cache is None and compiled is None:  # only recomputing needs every position
+            positions = torch.cat([positions, next_pos], dim=1)
         if compiled is not None:
             logits = compiled(token[:, None], next_pos if padded else None)[:, -1]
         elif cache is not None:
@@ -225,7 +229,7 @@ def generate(
 
     return GenerationResult(
         tokens=out[:, : step + 1].cpu(),
-        lengths=n_new.tolist(),
+        lengths=n_new.tolist() if eos_ids else [step + 1] * B,
         prompt_lengths=lengths,
         ttft=ttft,
         token_times=token_times,
