@@ -336,35 +336,43 @@ static float dot_q4_f32(const float *xp, const float *X, const uint8_t *w, const
 
 static void digits_row(const float *x, int64_t K, int64_t Kp, int64_t g, uint8_t *d, float *t, float *X) {
     int64_t nb = Kp / 32, nq = (nb + 3) / 4;
+    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1)), bytes = _mm512_set1_epi32(255);
     memset(d, 0, (size_t)(nq * Q4_DIGITS));
     memset(t, 0, (size_t)(nq * 16) * sizeof(float));
     memset(X, 0, (size_t)(Kp / g) * sizeof(float));
     for (int64_t b = 0; b < nb; b++) {
-        float peak = 0, v[32], rounded = 0;
-        int nan = 0;
-        for (int i = 0; i < 32; i++) {
-            int64_t k = b * 32 + i;
-            v[i] = k < K ? x[k] : 0.0f;
-            peak = fmaxf(peak, fabsf(v[i]));
-            nan |= v[i] != v[i];
-        }
+        int64_t left = K - b * 32; /* the columns of x in this block: none past K */
+        __mmask16 m0 = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        __mmask16 m1 = left >= 32 ? 0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        __m512 v0 = _mm512_maskz_loadu_ps(m0, x + b * 32), v1 = _mm512_maskz_loadu_ps(m1, x + b * 32 + 16);
+        int nan = _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
+        float peak = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
         int finite = !nan && peak <= FLT_MAX; /* else the outputs are NaN, through t and X */
         float step = finite ? peak / Q4_LEVELS : NAN;
-        uint8_t *q = d + (b / 4) * Q4_DIGITS + (b % 4) * 16;
-        for (int i = 0; i < 16; i++)
-            for (int odd = 0; odd < 2; odd++) {
-                float r = finite && step > 0 ? nearbyintf(v[2 * i + odd] / step) : 0.0f;
-                int32_t a = (int32_t)fminf(fmaxf(r, -Q4_LEVELS), Q4_LEVELS);
-                int32_t lo = a & 255, mid = (a >> 8) & 255; /* two's complement bytes */
-                q[odd * 64 + i] = (uint8_t)(int8_t)((a - mid * 256 - lo) / 65536);
-                q[128 + odd * 64 + i] = (uint8_t)mid;
-                q[256 + odd * 64 + i] = (uint8_t)lo;
-                rounded += (float)a * step;
+        __m512i a[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        if (finite && step > 0) /* the nearest of the 2^24 - 1 steps, as nearbyintf(v / step) */
+            for (int h = 0; h < 2; h++) {
+                __m512 r = _mm512_roundscale_ps(_mm512_div_ps(h ? v1 : v0, _mm512_set1_ps(step)),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-Q4_LEVELS)), _mm512_set1_ps(Q4_LEVELS));
+                a[h] = _mm512_cvtps_epi32(r);
             }
+        uint8_t *q = d + (b / 4) * Q4_DIGITS + (b % 4) * 16;
+        for (int odd = 0; odd < 2; odd++) { /* h signed, then m and l: the bytes of a */
+            __m512i v = _mm512_permutex2var_epi32(a[0], odd ? odds : evens, a[1]);
+            _mm_storeu_si128((__m128i *)(q + odd * 64), _mm512_cvtepi32_epi8(_mm512_srai_epi32(v, 16)));
+            __m512i mid = _mm512_and_si512(_mm512_srli_epi32(v, 8), bytes);
+            _mm_storeu_si128((__m128i *)(q + 128 + odd * 64), _mm512_cvtepi32_epi8(mid));
+            _mm_storeu_si128((__m128i *)(q + 256 + odd * 64), _mm512_cvtepi32_epi8(_mm512_and_si512(v, bytes)));
+        }
+        __m512 steps = _mm512_set1_ps(step);
+        __m512 rounded = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a[0]), steps),
+                                       _mm512_mul_ps(_mm512_cvtepi32_ps(a[1]), steps));
         for (int i = 0; i < 4; i++) t[(b / 4) * 16 + (b % 4) * 4 + i] = step;
         /* the zero points multiply the same rounded activations as the codes: the error is then
          * sum (code - zero) scale e = sum w e, bounded by the weights, not by the codes */
-        X[b * 32 / g] += finite ? rounded : NAN;
+        X[b * 32 / g] += finite ? _mm512_reduce_add_ps(rounded) : NAN;
     }
 }
 
@@ -412,7 +420,7 @@ static float dot_q4_vnni(const uint8_t *d, const float *t, const float *X, const
         __m512 zj = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mz, z + j)));
         zs = _mm512_fmadd_ps(_mm512_mul_ps(sj, zj), _mm512_maskz_loadu_ps(mz, X + j), zs);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) - _mm512_reduce_add_ps(zs);
+    return _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(v0, v1), zs)); /* one sum across lanes */
 }
 #endif
 
