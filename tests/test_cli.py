@@ -522,6 +522,55 @@ def test_bench_cli_prints_measurements_writes_json_and_saves(checkpoint, store, 
     assert report.load_results("bench_generate") == {report.hardware_slug("cpu"): figures}
 
 
+def only_minillm(monkeypatch) -> None:
+    """The peers read as not installed, whether or not they are here: the rows are then minillm's."""
+    from minillm.bench import peers
+
+    monkeypatch.setattr(peers, "missing_peer", lambda e: None if e == "minillm" else "not installed: pip install x")
+
+
+@pytest.mark.slow
+def test_bench_generate_puts_the_peers_fp32_rows_beside_its_own(checkpoint, capsys, monkeypatch, tmp_path):
+    """``--peers``: bench peers' fp32 rows of the same checkpoint, token count and repeats after
+    generate's tables, in the saved figures too; a peer that is not installed says so."""
+    only_minillm(monkeypatch)
+    out_file = tmp_path / "figures.json"
+    argv = ["bench", "generate", "--model", str(checkpoint), "--repeats", "2", "--new-tokens", "4"]
+    argv += ["--prompt-len", "8", "--prompt-lens", "8", "--device", "cpu", "--threads", "1", "--peers"]
+    status, out, err = run_main([*argv, "--no-save", "--json", str(out_file)], capsys)
+    assert status == 0, err
+    assert "not installed: pip install x" in out and "beside llama.cpp and torchao (fp32)" in err
+    peers = json.loads(out_file.read_text())["peers"]
+    rows = {(r["engine"], r["format"]): r for r in peers["rows"]}
+    assert set(rows) == {("minillm", "fp32"), ("llama.cpp", "F32")}
+    assert rows["minillm", "fp32"]["tokens_per_s"] > 0 and len(rows["minillm", "fp32"]["tokens_per_s_runs"]) == 2
+    assert peers["new_tokens"] == 4 and peers["prompt_len"] == 8 and not peers["compile"]
+
+
+@pytest.mark.slow
+def test_bench_compression_puts_the_peers_quantized_rows_beside_its_own(capsys, monkeypatch, tmp_path):
+    """``bench compression --peers``: the int8 and int4 rows of bench peers on the same random shape."""
+    only_minillm(monkeypatch)
+    monkeypatch.setitem(PRESETS, "tiny-peers", tiny_config(vocab_size=4096, name="tiny-peers"))
+    out_file = tmp_path / "figures.json"
+    argv = ["bench", "compression", "--shape", "tiny-peers", "--no-speed", "--no-quality", "--peers"]
+    argv += ["--new-tokens", "4", "--repeats", "1", "--threads", "1", "--no-save", "--json", str(out_file)]
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    peers = json.loads(out_file.read_text())["peers"]
+    assert {r["group"] for r in peers["rows"]} == {"int8", "int4"} and peers["compile"]
+    assert all(r["tokens_per_s"] > 0 for r in peers["rows"] if r["engine"] == "minillm")
+    assert "random tiny-peers" in out and "not installed: pip install x" in out
+
+
+def test_bench_generate_refuses_peers_off_the_cpu(checkpoint, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    argv = ["bench", "generate", "--model", str(checkpoint), "--device", "cuda", "--peers", "--no-save"]
+    argv += ["--prompt-lens", "8", "--new-tokens", "4"]
+    status, out, err = run_main(argv, capsys)
+    assert status != 0 and "--peers measures on the CPU" in err
+
+
 def test_bench_cli_checks_prompt_lengths_before_measuring(checkpoint, capsys):
     argv = ["bench", "generate", "--model", str(checkpoint), "--prompt-lens", "8", "300", "--new-tokens", "4"]
     status, out, err = run_main(argv, capsys)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
 from ..core.checkpoints import load
 from . import common
 from .bench_processes import add_process_benchmarks
-from .common import DTYPES, bad_input, parse_device, where
+from .common import DTYPES, CliError, bad_input, parse_device, where
 from .figures import report_figures, run_benchmark
 
 
@@ -37,6 +39,8 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
         o = bench.GenerationBench(
             args.model, args.prompt_len, args.prompt_lens, args.new_tokens, args.repeats, parse_device(args.device)
         )
+    if args.peers and torch.device(o.device).type != "cpu":
+        raise CliError("--peers measures on the CPU (llama.cpp's CPU build, a process each): drop --device or --peers")
     progress = not args.no_progress
     vs_transformers = None
     print(f"minillm vs transformers on {o.model} ({where(o.device)})...", file=sys.stderr, flush=True)
@@ -54,7 +58,39 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
             o.model, o.prompt_lens, o.new_tokens, o.repeats, o.device, progress=progress
         )
     figures = {"vs_transformers": vs_transformers, "cache_vs_recompute": cache}
-    return report_figures(args, figures, bench.format_cache_vs_recompute(cache), device=o.device)
+    text = bench.format_cache_vs_recompute(cache)
+    if args.peers:  # checked before anything ran (above)
+        figures["peers"] = peers_beside(args, ("fp32",), model=o.model, prompt_len=o.prompt_len, compile=args.compile)
+        text += "\n\n" + format_peers(figures["peers"])
+    return report_figures(args, figures, text, device=o.device)
+
+
+def peers_beside(args: argparse.Namespace, formats: tuple[str, ...], **where_) -> dict:
+    """``--peers``: ``bench peers``' rows of ``formats`` for the same weights (``model=`` or
+    ``shape=``), token count and repeats: llama.cpp and torchao where installed, a row saying how
+    to install them where not, each contender a process of its own (``bench.peers``)."""
+    from ..bench.peers import PeersBench, bench_peers
+
+    with bad_input():
+        options = PeersBench(
+            **{"model": None, **where_},
+            formats=formats,
+            new_tokens=args.new_tokens,
+            rounds=args.repeats,
+            threads=torch.get_num_threads(),
+            progress=not args.no_progress,
+        )
+    print(f"beside llama.cpp and torchao ({', '.join(formats)}), each in a process...", file=sys.stderr, flush=True)
+    try:
+        return bench_peers(options)
+    except RuntimeError as e:
+        raise CliError(f"the peers' rows failed: {e}") from None
+
+
+def format_peers(result: dict) -> str:
+    from ..bench.peers import format_peers as format_
+
+    return format_(result)
 
 
 def add_generate(kinds) -> None:
@@ -70,6 +106,7 @@ def add_generate(kinds) -> None:
         common.device_option(),
         common.compile_option("minillm and transformers"),
         common.progress_option(),
+        common.peers_option("fp32"),
     )
     p.add_argument(
         "--prompt-lens",
@@ -235,7 +272,13 @@ def cmd_bench_compression(args: argparse.Namespace) -> int:
             measure_quality=not args.no_quality,
         )
     what = f"compression: speed on a random {o.shape.name}, quality on {o.model} ({where(o.device)})..."
-    return run_benchmark(args, what, lambda: bench_compression(o), format_compression)
+    if not args.peers:
+        return run_benchmark(args, what, lambda: bench_compression(o), format_compression)
+
+    def with_peers() -> dict:  # the int8 and int4 rows of the same random shape, compiled
+        return {**bench_compression(o), "peers": peers_beside(args, ("int8", "int4"), shape=o.shape.name)}
+
+    return run_benchmark(args, what, with_peers, lambda r: format_compression(r) + "\n\n" + format_peers(r["peers"]))
 
 
 def add_compression(kinds) -> None:
@@ -250,6 +293,7 @@ def add_compression(kinds) -> None:
         common.new_tokens_option(8),
         common.device_option(),
         common.progress_option(),
+        common.peers_option("int8 and int4"),
     )
     p.add_argument(
         "--techniques",

@@ -150,6 +150,13 @@ def compile_option(what: str) -> argparse.ArgumentParser:
     return p
 
 
+def peers_option(formats: str) -> argparse.ArgumentParser:
+    p = parent()
+    help_ = f"also llama.cpp and torchao on the same weights ({formats}: bench peers' rows; needs minillm[peers])"
+    p.add_argument("--peers", action="store_true", help=help_)
+    return p
+
+
 def repeats_option(default: int | None, shown: str | None = None) -> argparse.ArgumentParser:
     """--repeats; ``shown`` says the default when the benchmark's options choose it (``default=None``)."""
     p = parent()
