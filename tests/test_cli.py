@@ -554,21 +554,28 @@ def test_bench_compression_puts_the_peers_quantized_rows_beside_its_own(capsys, 
     monkeypatch.setitem(PRESETS, "tiny-peers", tiny_config(vocab_size=4096, name="tiny-peers"))
     out_file = tmp_path / "figures.json"
     argv = ["bench", "compression", "--shape", "tiny-peers", "--no-speed", "--no-quality", "--peers"]
-    argv += ["--new-tokens", "4", "--repeats", "1", "--threads", "1", "--no-save", "--json", str(out_file)]
+    argv += ["--new-tokens", "4", "--context", "32", "--repeats", "1", "--threads", "1", "--no-save"]
+    argv += ["--json", str(out_file)]
     status, out, err = run_main(argv, capsys)
     assert status == 0, err
     peers = json.loads(out_file.read_text())["peers"]
-    assert {r["group"] for r in peers["rows"]} == {"int8", "int4"} and peers["compile"]
+    assert {r["group"] for r in peers["rows"]} == {"int8", "int4"} and peers["compile"] and peers["prompt_len"] == 32
     assert all(r["tokens_per_s"] > 0 for r in peers["rows"] if r["engine"] == "minillm")
     assert "random tiny-peers" in out and "not installed: pip install x" in out
 
 
-def test_bench_generate_refuses_peers_off_the_cpu(checkpoint, capsys, monkeypatch):
+def test_bench_generate_and_compression_refuse_peers_off_the_cpu_before_measuring(checkpoint, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     argv = ["bench", "generate", "--model", str(checkpoint), "--device", "cuda", "--peers", "--no-save"]
     argv += ["--prompt-lens", "8", "--new-tokens", "4"]
     status, out, err = run_main(argv, capsys)
+    assert status != 0 and "--peers measures on the CPU" in err and "pass --device cpu" in err
+    argv = ["bench", "compression", "--device", "cuda", "--peers", "--no-save"]
+    status, out, err = run_main(argv, capsys)
     assert status != 0 and "--peers measures on the CPU" in err
+    argv = ["bench", "compression", "--device", "cpu", "--peers", "--new-tokens", "1", "--no-save"]
+    status, out, err = run_main(argv, capsys)
+    assert status != 0 and "new_tokens must be at least 2" in err
 
 
 def test_bench_cli_checks_prompt_lengths_before_measuring(checkpoint, capsys):

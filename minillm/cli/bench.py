@@ -39,8 +39,7 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
         o = bench.GenerationBench(
             args.model, args.prompt_len, args.prompt_lens, args.new_tokens, args.repeats, parse_device(args.device)
         )
-    if args.peers and torch.device(o.device).type != "cpu":
-        raise CliError("--peers measures on the CPU (llama.cpp's CPU build, a process each): drop --device or --peers")
+    peers = peers_options(args, o.device, ("fp32",), model=o.model, prompt_len=o.prompt_len, compile=args.compile)
     progress = not args.no_progress
     vs_transformers = None
     print(f"minillm vs transformers on {o.model} ({where(o.device)})...", file=sys.stderr, flush=True)
@@ -59,38 +58,52 @@ def cmd_bench_generate(args: argparse.Namespace) -> int:
         )
     figures = {"vs_transformers": vs_transformers, "cache_vs_recompute": cache}
     text = bench.format_cache_vs_recompute(cache)
-    if args.peers:  # checked before anything ran (above)
-        figures["peers"] = peers_beside(args, ("fp32",), model=o.model, prompt_len=o.prompt_len, compile=args.compile)
+    if peers is not None:
+        figures["peers"] = run_peers(peers)
         text += "\n\n" + format_peers(figures["peers"])
     return report_figures(args, figures, text, device=o.device)
 
 
-def peers_beside(args: argparse.Namespace, formats: tuple[str, ...], **where_) -> dict:
-    """``--peers``: ``bench peers``' rows of ``formats`` for the same weights (``model=`` or
-    ``shape=``), token count and repeats: llama.cpp and torchao where installed, a row saying how
-    to install them where not, each contender a process of its own (``bench.peers``)."""
-    from ..bench.peers import PeersBench, bench_peers
+def peers_options(args: argparse.Namespace, device, formats: tuple[str, ...], **weights):
+    """``--peers``: the options of ``bench peers``' rows of ``formats`` (``weights``: ``model=``
+    or ``shape=``, and what else differs from its defaults), checked before the benchmark's own
+    measuring starts; None without ``--peers``. The peers run on the CPU only."""
+    if not args.peers:
+        return None
+    if torch.device(device).type != "cpu":
+        raise CliError(f"--peers measures on the CPU (llama.cpp's CPU build), not {device}: pass --device cpu")
+    from ..bench.peers import PeersBench
 
     with bad_input():
-        options = PeersBench(
-            **{"model": None, **where_},
+        return PeersBench(
+            **{"model": None, **weights},
             formats=formats,
             new_tokens=args.new_tokens,
             rounds=args.repeats,
             threads=torch.get_num_threads(),
             progress=not args.no_progress,
         )
-    print(f"beside llama.cpp and torchao ({', '.join(formats)}), each in a process...", file=sys.stderr, flush=True)
+
+
+def run_peers(options) -> dict:
+    """bench peers' rows: llama.cpp and torchao where installed, a row saying how to install them
+    where not, each contender a process of its own. A failure is one line in the figures (the
+    benchmark's own figures are still reported and saved)."""
+    from ..bench.peers import bench_peers
+
+    what = ", ".join(options.formats)
+    print(f"beside llama.cpp and torchao ({what}), each in a process...", file=sys.stderr, flush=True)
     try:
         return bench_peers(options)
     except RuntimeError as e:
-        raise CliError(f"the peers' rows failed: {e}") from None
+        print(f"the peers' rows failed: {e}", file=sys.stderr, flush=True)
+        return {"error": str(e)}
 
 
 def format_peers(result: dict) -> str:
     from ..bench.peers import format_peers as format_
 
-    return format_(result)
+    return f"the peers' rows failed: {result['error']}" if "error" in result else format_(result)
 
 
 def add_generate(kinds) -> None:
@@ -106,7 +119,7 @@ def add_generate(kinds) -> None:
         common.device_option(),
         common.compile_option("minillm and transformers"),
         common.progress_option(),
-        common.peers_option("fp32"),
+        common.peers_option("fp32 on the same weights"),
     )
     p.add_argument(
         "--prompt-lens",
@@ -272,11 +285,14 @@ def cmd_bench_compression(args: argparse.Namespace) -> int:
             measure_quality=not args.no_quality,
         )
     what = f"compression: speed on a random {o.shape.name}, quality on {o.model} ({where(o.device)})..."
-    if not args.peers:
+    # the int8 and int4 rows of a random model of the same shape, decoded after a prompt as long
+    # as the context here, each engine's fastest path (compiled)
+    peers = peers_options(args, o.device, ("int8", "int4"), shape=o.shape.name, prompt_len=o.context)
+    if peers is None:
         return run_benchmark(args, what, lambda: bench_compression(o), format_compression)
 
-    def with_peers() -> dict:  # the int8 and int4 rows of the same random shape, compiled
-        return {**bench_compression(o), "peers": peers_beside(args, ("int8", "int4"), shape=o.shape.name)}
+    def with_peers() -> dict:
+        return {**bench_compression(o), "peers": run_peers(peers)}
 
     return run_benchmark(args, what, with_peers, lambda r: format_compression(r) + "\n\n" + format_peers(r["peers"]))
 
@@ -293,7 +309,7 @@ def add_compression(kinds) -> None:
         common.new_tokens_option(8),
         common.device_option(),
         common.progress_option(),
-        common.peers_option("int8 and int4"),
+        common.peers_option("int8 and int4 on a random model of the same shape"),
     )
     p.add_argument(
         "--techniques",

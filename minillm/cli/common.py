@@ -152,7 +152,7 @@ def compile_option(what: str) -> argparse.ArgumentParser:
 
 def peers_option(formats: str) -> argparse.ArgumentParser:
     p = parent()
-    help_ = f"also llama.cpp and torchao on the same weights ({formats}: bench peers' rows; needs minillm[peers])"
+    help_ = f"also llama.cpp and torchao, {formats} (bench peers' rows; needs minillm[peers])"
     p.add_argument("--peers", action="store_true", help=help_)
     return p
 

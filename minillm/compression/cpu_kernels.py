@@ -24,6 +24,7 @@ turns them off.
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +56,7 @@ def _call(status: int | None, what: str) -> None:
 
 
 # Declared with torch.library.Library, not torch.library.custom_op: the latter's Python wrapper
-# costs ~25 us a call here against ~8 us, and a SmolLM2-360M step makes 225 of these calls. The
+# costs ~25 us a call here against ~8 us, and a SmolLM2-360M step makes 129 of these calls. The
 # implementation is C++ (kernels/quant_ops.cpp, ~1 us a call less again) where it builds, else
 # the Python functions below. ``fn`` is the address of the C function to run: the build of the
 # kernels (kernels.native) that the layer's kernel was made with.
@@ -99,6 +100,8 @@ def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, fn: int, integer: bool) -> Tenso
 def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, fn: int) -> Tensor:
     """x (M, K) float, w uint8 (N, G * g / 2) packed codes, s fp16 scales and z uint8 zero points
     (N, G), as the layer stores them -> (M, N) in x's dtype."""
+    if group_size <= 0 or group_size % 32 or (w.shape[1] * 2) % group_size or x.shape[-1] > w.shape[1] * 2:
+        raise ValueError(f"minillm's C kernels: int4 groups of {group_size} do not fit w {tuple(w.shape)} and x")
     dtype, x = x.dtype, x.float().contiguous()
     (m, k), n = x.shape, w.shape[0]
     y = x.new_empty(m, n)
@@ -111,25 +114,31 @@ def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, fn: 
 
 
 _state: dict[str, str] = {}
+_registering = threading.Lock()
 
 
 def implementation() -> str:
     """The operators' implementation, registered on first use: "C++" (``kernels/quant_ops.cpp``,
     built against this torch) or "Python (why not C++)"."""
-    if "impl" not in _state:
-        path = native.operators()
-        if path is not None:
-            try:
-                torch.ops.load_library(str(path))
-                _state["impl"] = "C++"
-            except OSError as e:
-                _state["impl"] = f"Python ({e})"
-        else:
-            _state["impl"] = f"Python ({native.operators_error()})"
-        if _state["impl"] != "C++":
-            _OPS.impl("q8_matvec_cpu", _q8_matvec, "CPU")
-            _OPS.impl("q4_matvec_cpu", _q4_matvec, "CPU")
+    with _registering:  # once, even when two threads make their first kernels together
+        if "impl" not in _state:
+            _state["impl"] = _register()
     return _state["impl"]
+
+
+def _register() -> str:
+    path = native.operators()
+    if path is not None:
+        try:
+            torch.ops.load_library(str(path))
+            return "C++"
+        except Exception as e:  # noqa: BLE001 - a library that does not load: the Python ones serve
+            why = f"{type(e).__name__}: {e}"
+    else:
+        why = native.operators_error()
+    _OPS.impl("q8_matvec_cpu", _q8_matvec, "CPU")
+    _OPS.impl("q4_matvec_cpu", _q4_matvec, "CPU")
+    return f"Python ({why})"
 
 
 @torch.library.register_fake("minillm::q8_matvec_cpu", lib=_OPS)
@@ -151,10 +160,10 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
     ``matmul``; None where the C kernels do not apply (no compiler, fp8, int4 groups that are not
     a multiple of 32)."""
     lib = native.library()
-    if lib is None:
+    scheme = layer.spec.scheme
+    if lib is None or not (scheme in ("int8", "w8a8") or scheme == "int4" and layer.spec.group_size % 32 == 0):
         return None
     implementation()  # the operators' implementation, registered before their first call
-    scheme = layer.spec.scheme
     if scheme in ("int8", "w8a8"):
         integer = scheme == "w8a8"
         w, s, fn = layer.qweight, layer.scales.float(), address(lib, "q8_i8" if integer else "q8_f32")
@@ -163,7 +172,7 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
             return q8_matvec(x, w, s, fn, integer)
 
         what = "int8 x int8" if integer else "int8 x fp32"
-    elif scheme == "int4" and layer.spec.group_size % 32 == 0:
+    else:  # int4, in groups of a multiple of 32
         w, g = layer.qweight, layer.spec.group_size
         s, z = layer.scales.to(torch.float16).contiguous(), layer.zeros.contiguous()
         if not torch.equal(s.float(), layer.scales.float()):
@@ -175,8 +184,6 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
             return q4_matvec(x, w, s, z, g, fn)
 
         what = "int4 x 24-bit blocks" if int4_rounds_activations() else "int4 x fp32"
-    else:
-        return None
 
     def run(x: Tensor) -> Tensor:
         return rows(x) if x.shape[0] <= MATVEC_ROWS else matmul(x)

@@ -63,7 +63,8 @@ def _target(source: bytes, cc: str, flags: tuple[str, ...], name: str = "quant_m
 
 def _compile(cmd: list[str], target: Path) -> str | None:
     """Run ``cmd`` with the output file its last argument, into ``target`` -> None, or the error.
-    Each process writes a file of its own and renames it into place."""
+    Each process writes a file of its own and renames it into place. A cache folder it cannot
+    write raises OSError."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
@@ -153,7 +154,9 @@ def cxx_compiler() -> str | None:
 def operators() -> Path | None:
     """The C++ implementations of ``compression.cpu_kernels``' operators, built against this
     torch (its headers and libraries), or None where they cannot be (``operators_error()`` says
-    why): the operators then keep their Python implementations. ``MINILLM_CPP_OPS=0`` keeps those."""
+    why): the operators then keep their Python implementations. ``MINILLM_CPP_OPS=0`` keeps those.
+    A build that failed is remembered beside where it would be (``.failed``), not retried by
+    every process."""
     if "ops" in _state:
         return _state["ops"]
     path, error = None, None
@@ -162,26 +165,39 @@ def operators() -> Path | None:
     elif (cxx := cxx_compiler()) is None:
         error = "no C++ compiler found (set CXX, or install g++ or clang++)"
     else:
-        import torch
-        from torch.utils import cpp_extension
-
-        libs = cpp_extension.library_paths()[0]
-        flags = (
-            "-O2",
-            "-std=c++20",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            *(f"-I{p}" for p in cpp_extension.include_paths()),
-            f"-L{libs}",
-            f"-Wl,-rpath,{libs}",
-        )
-        target = _target(OPS_SOURCE.read_bytes(), cxx, (*flags, torch.__version__), "quant_ops")
-        if not target.exists():
-            cmd = [cxx, *flags, "-shared", "-fPIC", str(OPS_SOURCE), "-lc10", "-ltorch_cpu", "-o"]
-            if (failed := _compile(cmd, target)) is not None:
-                error = f"the C++ operators did not build: {failed}"
-        path = target if error is None else None
+        try:
+            path = _build_operators(cxx)
+        except OSError as e:  # a cache it cannot write, a build that failed (now or before)
+            error = f"the C++ operators did not build: {e}"
     _state.update(ops=path, ops_error=error)
     return path
+
+
+def _build_operators(cxx: str) -> Path:
+    import torch
+    from torch.utils import cpp_extension
+
+    libs = cpp_extension.library_paths()[0]
+    flags = (
+        "-O2",
+        "-std=c++20",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *(f"-I{p}" for p in cpp_extension.include_paths()),
+        f"-L{libs}",
+        f"-Wl,-rpath,{libs}",
+    )
+    target = _target(OPS_SOURCE.read_bytes(), cxx, (*flags, torch.__version__), "quant_ops")
+    failed = target.with_suffix(".failed")
+    if target.exists():
+        return target
+    if failed.exists():
+        raise OSError(f"{failed.read_text().strip()} (an earlier build; delete {failed} to retry)")
+    cmd = [cxx, *flags, "-shared", "-fPIC", str(OPS_SOURCE), "-lc10", "-ltorch_cpu", "-o"]
+    if (error := _compile(cmd, target)) is not None:
+        if "timed out" not in error:  # a compiler that refused, not a machine too busy to finish
+            failed.write_text(error + "\n")
+        raise OSError(error)
+    return target
 
 
 def operators_error() -> str | None:

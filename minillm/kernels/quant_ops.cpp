@@ -24,8 +24,15 @@ static void check(const at::Tensor &t, at::ScalarType dtype, const char *name, c
                 dtype_name, " tensor, got ", t.scalar_type(), t.is_contiguous() ? "" : " (not contiguous)");
 }
 
+static void check_call(const at::Tensor &x, const at::Tensor &w, int64_t fn) {
+    TORCH_CHECK(fn != 0, "minillm's C kernels: no C function to call (fn is 0)");
+    TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "minillm's C kernels: x and w must be matrices, got ", x.dim(), " and ",
+                w.dim(), " dimensions");
+}
+
 /* x (M, K) float, w int8 (N, K), s fp32 (N,) -> (M, N) in x's dtype; integer: W8A8 */
 static at::Tensor q8_matvec(const at::Tensor &x, const at::Tensor &w, const at::Tensor &s, int64_t fn, bool integer) {
+    check_call(x, w, fn);
     check(w, at::kChar, "w", "int8");
     check(s, at::kFloat, "s", "fp32");
     at::Tensor xf = x.to(at::kFloat).contiguous();
@@ -48,14 +55,15 @@ static at::Tensor q8_matvec(const at::Tensor &x, const at::Tensor &w, const at::
  * -> (M, N) in x's dtype */
 static at::Tensor q4_matvec(const at::Tensor &x, const at::Tensor &w, const at::Tensor &s, const at::Tensor &z,
                             int64_t group_size, int64_t fn) {
+    check_call(x, w, fn);
     check(w, at::kByte, "w", "uint8");
     check(s, at::kHalf, "s", "fp16");
     check(z, at::kByte, "z", "uint8");
     at::Tensor xf = x.to(at::kFloat).contiguous();
     int64_t m = xf.size(0), k = xf.size(1), n = w.size(0), kp = w.size(1) * 2;
-    TORCH_CHECK(kp >= k && group_size > 0 && kp % group_size == 0 && s.numel() == n * (kp / group_size) &&
-                    z.numel() == s.numel(),
-                "minillm's C kernels: x, w, s and z do not match");
+    TORCH_CHECK(kp >= k && group_size > 0 && group_size % 32 == 0 && kp % group_size == 0 &&
+                    s.numel() == n * (kp / group_size) && z.numel() == s.numel(),
+                "minillm's C kernels: x, w, s and z do not match (int4 groups of ", group_size, ")");
     at::Tensor y = at::empty({m, n}, xf.options());
     int status = reinterpret_cast<q4_float>(fn)(
         xf.const_data_ptr<float>(), m, k, w.const_data_ptr<uint8_t>(),

@@ -289,6 +289,16 @@ def test_an_operator_names_a_tensor_it_cannot_take():
     w, s, z, g, fn = operator_args(layer("int4", 32, 8, 64), lib)
     with pytest.raises(RuntimeError, match="s must be a contiguous fp16 tensor, got Float"):
         cpu_kernels.q4_matvec(torch.randn(1, 64), w, s.float(), z, g, fn)
+    with pytest.raises(RuntimeError, match="int4 groups of 16"):  # the C kernels take multiples of 32
+        cpu_kernels.q4_matvec(
+            torch.randn(1, 64), w, torch.ones(8, 4).half(), torch.zeros(8, 4, dtype=torch.uint8), 16, fn
+        )
+    with pytest.raises(ValueError, match="int4 groups of 16"):
+        cpu_kernels._q4_matvec(
+            torch.randn(1, 64), w, torch.ones(8, 4).half(), torch.zeros(8, 4, dtype=torch.uint8), 16, fn
+        )
+    with pytest.raises(RuntimeError, match="fn is 0"):
+        cpu_kernels.q4_matvec(torch.randn(1, 64), w, s, z, g, 0)
 
 
 def test_without_a_cpp_compiler_the_operators_say_why(monkeypatch, tmp_path):
@@ -298,6 +308,10 @@ def test_without_a_cpp_compiler_the_operators_say_why(monkeypatch, tmp_path):
     monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "false")
     assert native.operators() is None and "did not build" in native.operators_error()
+    monkeypatch.setattr(native, "_state", {})  # remembered: not built again by the next process
+    monkeypatch.setattr(native, "_compile", lambda cmd, target: pytest.fail("built again"))
+    assert native.operators() is None and "an earlier build" in native.operators_error()
+    assert len(list((tmp_path / "kernels").glob("quant_ops-*.failed"))) == 1
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.setenv("MINILLM_CPP_OPS", "0")
     assert native.operators() is None and "MINILLM_CPP_OPS=0" in native.operators_error()
