@@ -57,47 +57,33 @@ def _call(status: int | None, what: str) -> None:
 
 # Declared with torch.library.Library, not torch.library.custom_op: the latter's Python wrapper
 # costs ~25 us a call here against ~8 us, and a SmolLM2-360M step makes 129 of these calls. The
-# implementation is C++ (kernels/quant_ops.cpp, ~1 us a call less again) where it builds, else
-# the Python functions below. ``fn`` is the address of the C function to run: the build of the
-# kernels (kernels.native) that the layer's kernel was made with.
+# implementation is C++ (kernels/quant_ops.cpp, ~6 us a call less again) where it builds, else
+# the Python functions below. ``build`` names the build of the C kernels (kernels.native) that
+# the layer's kernel was made with: a slot in ``_builds`` (``build_slot``), not an address, so
+# that a compiled graph is the same code in every process.
 _OPS = torch.library.Library("minillm", "FRAGMENT")
-_OPS.define("q8_matvec_cpu(Tensor x, Tensor w, Tensor s, int fn, bool integer) -> Tensor")
-_OPS.define("q4_matvec_cpu(Tensor x, Tensor w, Tensor s, Tensor z, int group_size, int fn) -> Tensor")
+_OPS.define("q8_matvec_cpu(Tensor x, Tensor w, Tensor s, int build, bool integer) -> Tensor")
+_OPS.define("q4_matvec_cpu(Tensor x, Tensor w, Tensor s, Tensor z, int group_size, int build) -> Tensor")
 
-_P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_PROTOTYPES = {  # the C functions' signatures, as kernels.native declares them
-    "q8_f32": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _I, _P, _N),
-    "q8_i8": ctypes.CFUNCTYPE(_N, _P, _I, _I, _P, _P, _I, _P, _N),
-    "q4_f32": ctypes.CFUNCTYPE(_N, _P, _I, _I, _P, _P, _P, _I, _I, _I, _P, _N),
-}
-_functions: dict[tuple[str, int], ctypes._CFuncPtr] = {}
+BUILDS = 16  # slots, as quant_ops.cpp has them
+_builds: list[ctypes.CDLL] = []  # the loaded builds of the C kernels, by slot
 
 
-def address(lib: ctypes.CDLL, name: str) -> int:
-    """The address of the C function ``name`` in the loaded kernels ``lib`` (the ops' ``fn``)."""
-    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-
-
-def _function(name: str, fn: int):
-    if (name, fn) not in _functions:
-        _functions[name, fn] = _PROTOTYPES[name](fn)
-    return _functions[name, fn]
-
-
-def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, fn: int, integer: bool) -> Tensor:
+def _q8_matvec(x: Tensor, w: Tensor, s: Tensor, build: int, integer: bool) -> Tensor:
     """x (M, K) float, w int8 (N, K), s fp32 (N,) -> (M, N) in x's dtype; ``integer``: W8A8."""
+    lib = _builds[build]
     dtype, x = x.dtype, x.float().contiguous()
     (m, k), n = x.shape, w.shape[0]
     y = x.new_empty(m, n)
     args = (x.data_ptr(), m, k, w.data_ptr(), s.data_ptr(), n, y.data_ptr(), torch.get_num_threads())
     if integer:
-        _call(_function("q8_i8", fn)(*args), "q8_i8")
+        _call(lib.q8_i8(*args), "q8_i8")
     else:
-        _function("q8_f32", fn)(*args)
+        lib.q8_f32(*args)
     return y.to(dtype)
 
 
-def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, fn: int) -> Tensor:
+def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, build: int) -> Tensor:
     """x (M, K) float, w uint8 (N, G * g / 2) packed codes, s fp16 scales and z uint8 zero points
     (N, G), as the layer stores them -> (M, N) in x's dtype."""
     if group_size <= 0 or group_size % 32 or (w.shape[1] * 2) % group_size or x.shape[-1] > w.shape[1] * 2:
@@ -105,7 +91,7 @@ def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, fn: 
     dtype, x = x.dtype, x.float().contiguous()
     (m, k), n = x.shape, w.shape[0]
     y = x.new_empty(m, n)
-    status = _function("q4_f32", fn)(
+    status = _builds[build].q4_f32(
         x.data_ptr(), m, k, w.data_ptr(), s.data_ptr(), z.data_ptr(), n, w.shape[1] * 2, group_size,
         y.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
@@ -113,8 +99,8 @@ def _q4_matvec(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, fn: 
     return y.to(dtype)
 
 
-_state: dict[str, str] = {}
-_registering = threading.Lock()
+_state: dict = {}
+_registering = threading.RLock()
 
 
 def implementation() -> str:
@@ -124,6 +110,35 @@ def implementation() -> str:
         if "impl" not in _state:
             _state["impl"] = _register()
     return _state["impl"]
+
+
+def build_slot(lib: ctypes.CDLL) -> int:
+    """The slot of the loaded C kernels ``lib`` (the operators' ``build``), given one on first sight:
+    the machine's own build is slot 0 in every process; tests add the narrower ones."""
+    implementation()
+    with _registering:
+        paths = [b._name for b in _builds]
+        if lib._name in paths:
+            return paths.index(lib._name)
+        if len(_builds) == BUILDS:
+            raise RuntimeError(f"more than {BUILDS} builds of the C kernels in one process")
+        if _state["impl"] == "C++":
+            names = ("q8_f32", "q8_i8", "q4_f32")
+            addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p) for name in names]
+            if _ops_library().minillm_set_build(ctypes.c_int64(len(_builds)), *addresses):
+                raise RuntimeError("quant_ops.cpp refused a build of the C kernels")
+        _builds.append(lib)
+        return len(_builds) - 1
+
+
+def _ops_library() -> ctypes.CDLL:
+    """quant_ops.cpp's library as ctypes sees it (the one torch loaded: a second dlopen of a path
+    returns the same handle), for its C entry point."""
+    if "ops" not in _state:
+        ops = ctypes.CDLL(str(native.operators()))
+        ops.minillm_set_build.restype = ctypes.c_int
+        _state["ops"] = ops
+    return _state["ops"]
 
 
 def _register() -> str:
@@ -142,12 +157,12 @@ def _register() -> str:
 
 
 @torch.library.register_fake("minillm::q8_matvec_cpu", lib=_OPS)
-def _(x: Tensor, w: Tensor, s: Tensor, fn: int, integer: bool) -> Tensor:
+def _(x: Tensor, w: Tensor, s: Tensor, build: int, integer: bool) -> Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
 
 
 @torch.library.register_fake("minillm::q4_matvec_cpu", lib=_OPS)
-def _(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, fn: int) -> Tensor:
+def _(x: Tensor, w: Tensor, s: Tensor, z: Tensor, group_size: int, build: int) -> Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
 
 
@@ -163,13 +178,13 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
     scheme = layer.spec.scheme
     if lib is None or not (scheme in ("int8", "w8a8") or scheme == "int4" and layer.spec.group_size % 32 == 0):
         return None
-    implementation()  # the operators' implementation, registered before their first call
+    build = build_slot(lib)  # the operators registered, and this build of the kernels given a slot
     if scheme in ("int8", "w8a8"):
         integer = scheme == "w8a8"
-        w, s, fn = layer.qweight, layer.scales.float(), address(lib, "q8_i8" if integer else "q8_f32")
+        w, s = layer.qweight, layer.scales.float()
 
         def rows(x: Tensor) -> Tensor:
-            return q8_matvec(x, w, s, fn, integer)
+            return q8_matvec(x, w, s, build, integer)
 
         what = "int8 x int8" if integer else "int8 x fp32"
     else:  # int4, in groups of a multiple of 32
@@ -178,10 +193,8 @@ def decode_kernel(layer: nn.Module, matmul: Kernel) -> Kernel | None:
         if not torch.equal(s.float(), layer.scales.float()):
             return None  # scales that fp16 cannot hold exactly (a layer cast to another dtype)
 
-        fn = address(lib, "q4_f32")
-
         def rows(x: Tensor) -> Tensor:
-            return q4_matvec(x, w, s, z, g, fn)
+            return q4_matvec(x, w, s, z, g, build)
 
         what = "int4 x 24-bit blocks" if int4_rounds_activations() else "int4 x fp32"
 

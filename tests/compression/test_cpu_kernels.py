@@ -251,10 +251,10 @@ def test_without_a_compiler_the_layers_keep_their_other_paths(monkeypatch, tmp_p
 
 def operator_args(q: QuantizedLinear, lib) -> tuple:
     """What ``decode_kernel`` passes the layer's operator, after x."""
+    build = cpu_kernels.build_slot(lib)
     if q.spec.scheme == "int4":
-        return q.qweight, q.scales.half(), q.zeros, q.spec.group_size, cpu_kernels.address(lib, "q4_f32")
-    integer = q.spec.scheme == "w8a8"
-    return q.qweight, q.scales.float(), cpu_kernels.address(lib, "q8_i8" if integer else "q8_f32"), integer
+        return q.qweight, q.scales.half(), q.zeros, q.spec.group_size, build
+    return q.qweight, q.scales.float(), build, q.spec.scheme == "w8a8"
 
 
 @pytest.mark.skipif(native.cxx_compiler() is None, reason="no C++ compiler here: the operators stay Python")
@@ -281,24 +281,24 @@ def test_the_operators_are_cpp_and_equal_their_python_implementation(scheme, gro
 def test_an_operator_names_a_tensor_it_cannot_take():
     assert cpu_kernels.implementation() == "C++", native.operators_error()
     q, lib = layer("w8a8", None, 8, 64), native.library()
-    w, s, fn, integer = operator_args(q, lib)
+    w, s, build, integer = operator_args(q, lib)
     with pytest.raises(RuntimeError, match="w must be a contiguous int8 tensor, got Float"):
-        cpu_kernels.q8_matvec(torch.randn(1, 64), w.float(), s, fn, integer)
+        cpu_kernels.q8_matvec(torch.randn(1, 64), w.float(), s, build, integer)
     with pytest.raises(RuntimeError, match="do not match"):
-        cpu_kernels.q8_matvec(torch.randn(1, 63), w, s, fn, integer)
-    w, s, z, g, fn = operator_args(layer("int4", 32, 8, 64), lib)
+        cpu_kernels.q8_matvec(torch.randn(1, 63), w, s, build, integer)
+    w, s, z, g, build = operator_args(layer("int4", 32, 8, 64), lib)
     with pytest.raises(RuntimeError, match="s must be a contiguous fp16 tensor, got Float"):
-        cpu_kernels.q4_matvec(torch.randn(1, 64), w, s.float(), z, g, fn)
+        cpu_kernels.q4_matvec(torch.randn(1, 64), w, s.float(), z, g, build)
     with pytest.raises(RuntimeError, match="int4 groups of 16"):  # the C kernels take multiples of 32
         cpu_kernels.q4_matvec(
-            torch.randn(1, 64), w, torch.ones(8, 4).half(), torch.zeros(8, 4, dtype=torch.uint8), 16, fn
+            torch.randn(1, 64), w, torch.ones(8, 4).half(), torch.zeros(8, 4, dtype=torch.uint8), 16, build
         )
     with pytest.raises(ValueError, match="int4 groups of 16"):
         cpu_kernels._q4_matvec(
-            torch.randn(1, 64), w, torch.ones(8, 4).half(), torch.zeros(8, 4, dtype=torch.uint8), 16, fn
+            torch.randn(1, 64), w, torch.ones(8, 4).half(), torch.zeros(8, 4, dtype=torch.uint8), 16, build
         )
-    with pytest.raises(RuntimeError, match="fn is 0"):
-        cpu_kernels.q4_matvec(torch.randn(1, 64), w, s, z, g, 0)
+    with pytest.raises(RuntimeError, match="no build in slot 15"):
+        cpu_kernels.q4_matvec(torch.randn(1, 64), w, s, z, g, 15)
 
 
 def test_without_a_cpp_compiler_the_operators_say_why(monkeypatch, tmp_path):
