@@ -217,8 +217,9 @@ def format_table(
 
     Nothing is cut, and nothing runs past ``width`` characters as long as the key columns and any
     one other column fit side by side: a table too wide first breaks its headers over up to three
-    lines, then continues its remaining columns in a second table (and a third...) that repeats
-    the first ``keys`` columns, which name the row. The title wraps."""
+    lines (more, down to a word a line, where three leave a column too wide), then continues its
+    remaining columns in a second table (and a third...) that repeats the first ``keys`` columns,
+    which name the row. The title wraps."""
     if columns is None:
         columns = list(rows[0]) if rows else []
     headers = dict(columns) if isinstance(columns, Mapping) else {c: c for c in columns}
@@ -226,11 +227,20 @@ def format_table(
     cells = [[_cell(row.get(key)) for key in headers] for row in rows]
     numeric = [all(isinstance(row.get(key), (int, float)) for row in rows) for key in headers]
     body = [max([0] + [len(r[i]) for r in cells]) for i in range(len(names))]
-    heads = [[h] for h in names]
-    if _span([max(len(h), b) for h, b in zip(names, body)]) > width:
-        heads = [_wrap_header(h, b) for h, b in zip(names, body)]
-    widths = [max([b] + [len(x) for x in h]) for h, b in zip(heads, body)]
     keys = min(keys, len(names))
+
+    def widths_of(heads: list[list[str]]) -> list[int]:
+        return [max([b] + [len(x) for x in h]) for h, b in zip(heads, body)]
+
+    def too_wide(widths: list[int]) -> bool:  # the key columns and some other column side by side
+        return any(_span([*widths[:keys], widths[i]]) > width for i in range(keys, len(names)))
+
+    heads = [[h] for h in names]
+    if _span(widths_of(heads)) > width:
+        heads = [_wrap_header(h, b) for h, b in zip(names, body)]
+        if too_wide(widths_of(heads)):  # more header lines, as many as it takes
+            heads = [_wrap_header(h, b, None) for h, b in zip(names, body)]
+    widths = widths_of(heads)
     parts, part = [], []
     for i in range(keys, len(names)):
         if part and _span([widths[j] for j in [*range(keys), *part, i]]) > width:
@@ -256,12 +266,13 @@ def _span(widths: Sequence[int]) -> int:
     return sum(widths) + 2 * max(len(widths) - 1, 0)
 
 
-def _wrap_header(header: str, body_width: int) -> list[str]:
-    """A header over as few lines as fit the column's own width, at most three."""
+def _wrap_header(header: str, body_width: int, most: int | None = 3) -> list[str]:
+    """A header over as few lines as fit the column's own width, at most ``most`` lines (None:
+    as many as it takes, a word a line at the narrowest)."""
     longest_word = max((len(w) for w in header.split()), default=0)
     for w in range(max(body_width, longest_word, 1), len(header) + 1):
         lines = textwrap.wrap(header, w, break_on_hyphens=False) or [""]
-        if len(lines) <= 3:
+        if most is None or len(lines) <= most:
             return lines
     return [header]
 
