@@ -163,7 +163,7 @@ def compile_options(device: torch.device) -> dict:
     return {"mode": "reduce-overhead"} if device.type == "cuda" else {}
 
 
-AUTOTUNE_BYTES = 64e6  # weights at most this large: a CPU graph autotunes its matrix products
+AUTOTUNE_BYTES = 64e6  # weights at most this large: a CPU graph autotunes its matrix products, and its caller is C++
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -181,19 +181,20 @@ def compiling(device: torch.device, weights: int | None = None):
     long. ``MINILLM_AUTOTUNE=0`` turns it off (the test suite does, for its compile time). A fused
     kernel rounds to bf16 (or fp16) wherever eager code would (``emulate_precision_casts``), not
     only at its end: a compiled low-precision step gives eager's tokens, not a near tie's other
-    side. The graph's own caller is C++ (``cpp_wrapper``), not Python: the Python wrapper spends a
-    few microseconds on each of a step's ~100 kernel calls, buffers and checks: on an Intel Xeon,
-    one thread, minillm-target's step went from 1.84 to 1.60 ms so (fp32). The C++ caller is
-    compiled too, which costs seconds more per graph (the suite's compiling tests took 23% longer;
-    ``MINILLM_CPP_WRAPPER=0`` keeps it Python, and the suite does). Inductor reads
-    these flags while it compiles, so they are set around the calls that compile."""
+    side. A small model's graph also has a caller in C++ (``cpp_wrapper``), not Python: the Python
+    wrapper spends a few microseconds on each of a step's ~100 kernel calls, buffers and checks; on
+    an Intel Xeon, one thread, minillm-target's step went from 1.84 to 1.60 ms so (fp32). The
+    C++ caller is compiled too: an int4 SmolLM2-360M compiled in 55 s with it against 39 s
+    without, for a step of 27-29 ms either way, so a large model keeps Python's
+    (``MINILLM_CPP_WRAPPER=0`` keeps it for every model; the suite does). Inductor reads these
+    flags while it compiles, so they are set around the calls that compile."""
     if device.type == "cuda":
         return torch._inductor.config.patch(freezing=False)
-    autotune = weights is not None and weights <= AUTOTUNE_BYTES and os.environ.get("MINILLM_AUTOTUNE", "1") != "0"
+    small = weights is not None and weights <= AUTOTUNE_BYTES
     flags = {"freezing": True, "emulate_precision_casts": True}
-    if device.type == "cpu" and os.environ.get("MINILLM_CPP_WRAPPER", "1") != "0":
+    if small and device.type == "cpu" and os.environ.get("MINILLM_CPP_WRAPPER", "1") != "0":
         flags["cpp_wrapper"] = True
-    if autotune:
+    if small and os.environ.get("MINILLM_AUTOTUNE", "1") != "0":
         flags.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
     return torch._inductor.config.patch(**flags)
 
