@@ -14,9 +14,9 @@ with AVX-512 VNNI the codes stay integers and each block of 32 activations is ro
 They serve up to ``MATVEC_ROWS`` rows; a longer input (a prompt) goes to the layer's matmul path,
 which reads its weights once for many rows. Each op is opaque to torch.compile (a custom op), so a
 compiled step calls it between the graph's fused kernels; its implementation is C++
-(``kernels/quant_ops.cpp``, ``implementation()``) where that builds, else Python. It returns its rows rounded to the
-activations' dtype itself, so eager and compiled steps see the same values. ``MINILLM_NATIVE=0``
-turns them off.
+(``kernels/quant_ops.cpp``, ``implementation()``) where that builds, else Python. It returns its
+rows rounded to the activations' dtype itself, so eager and compiled steps see the same values.
+``MINILLM_NATIVE=0`` turns them off.
 
 ``layer`` is a ``quant.QuantizedLinear`` (typed ``nn.Module``: ``quant`` imports this module).
 """
@@ -125,20 +125,10 @@ def build_slot(lib: ctypes.CDLL) -> int:
         if _state["impl"] == "C++":
             names = ("q8_f32", "q8_i8", "q4_f32")
             addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p) for name in names]
-            if _ops_library().minillm_set_build(ctypes.c_int64(len(_builds)), *addresses):
+            if _state["ops"].minillm_set_build(ctypes.c_int64(len(_builds)), *addresses):
                 raise RuntimeError("quant_ops.cpp refused a build of the C kernels")
         _builds.append(lib)
         return len(_builds) - 1
-
-
-def _ops_library() -> ctypes.CDLL:
-    """quant_ops.cpp's library as ctypes sees it (the one torch loaded: a second dlopen of a path
-    returns the same handle), for its C entry point."""
-    if "ops" not in _state:
-        ops = ctypes.CDLL(str(native.operators()))
-        ops.minillm_set_build.restype = ctypes.c_int
-        _state["ops"] = ops
-    return _state["ops"]
 
 
 def _register() -> str:
@@ -146,6 +136,10 @@ def _register() -> str:
     if path is not None:
         try:
             torch.ops.load_library(str(path))
+            # the same library through ctypes (a second dlopen of a path returns the same handle),
+            # for its C entry point minillm_set_build
+            _state["ops"] = ctypes.CDLL(str(path))
+            _state["ops"].minillm_set_build.restype = ctypes.c_int
             return "C++"
         except Exception as e:  # noqa: BLE001 - a library that does not load: the Python ones serve
             why = f"{type(e).__name__}: {e}"

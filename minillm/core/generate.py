@@ -202,11 +202,10 @@ def generate(
         if eos_ids:  # without stop ids no row is ever done: a step spends nothing on them
             token.masked_fill_(done, pad_id)
             n_new += (~done).long()
+            done |= torch.isin(token, eos)
         out[:, step] = token
         if on_token is not None:
             on_token(token)
-        if eos_ids:
-            done |= torch.isin(token, eos)
         synchronize(device)
         now = time.perf_counter()
         if step == 0:

@@ -36,11 +36,32 @@ BUILD_TIMEOUT_S = 120
 _state: dict = {}
 
 
+def _on_path(*names: str | None) -> str | None:
+    """The first of ``names`` that is a program on the PATH (None entries skipped), or None."""
+    return next((shutil.which(n) for n in names if n and shutil.which(n)), None)
+
+
 def compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    return _on_path(os.environ.get("CC"), "cc", "gcc", "clang")
+
+
+def _built_once(key: str, switch: str, find, missing: str, build, failed: str = ""):
+    """``_state[key]``: ``build(tool)`` on first use, ``tool = find()``; or None, with the reason
+    in ``_state[key + "_error"]``: turned off by the environment variable ``switch``, no tool
+    (``missing``), or the OSError ``build`` raised (after ``failed``)."""
+    if key not in _state:
+        value, error = None, None
+        if os.environ.get(switch, "1") == "0":
+            error = f"turned off by {switch}=0"
+        elif (tool := find()) is None:
+            error = missing
+        else:
+            try:
+                value = build(tool)
+            except OSError as e:  # a build that failed (now or before), a cache it cannot write
+                error = f"{failed}{e}"
+        _state.update({key: value, f"{key}_error": error})
+    return _state[key]
 
 
 def cpu_flags() -> str:
@@ -96,35 +117,25 @@ def _build(cc: str, flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> Path:
     raise OSError("the C kernels did not build: " + "; ".join(errors))
 
 
+NO_CC = "no C compiler found (set CC, or install gcc or clang)"
+
+
 def library() -> ctypes.CDLL | None:
     """The loaded kernels (built on first use), or None where they cannot be built here."""
-    if "lib" in _state:
-        return _state["lib"]
-    lib, error = None, None
-    if os.environ.get("MINILLM_NATIVE", "1") == "0":
-        error = "turned off by MINILLM_NATIVE=0"
-    elif (cc := compiler()) is None:
-        error = "no C compiler found (set CC, or install gcc or clang)"
-    else:
-        try:
-            lib = _declare(ctypes.CDLL(str(_build(cc))))
-        except OSError as e:
-            error = str(e)
-    _state.update(lib=lib, error=error)
-    return lib
+    return _built_once("lib", "MINILLM_NATIVE", compiler, NO_CC, lambda cc: _declare(ctypes.CDLL(str(_build(cc)))))
 
 
 def library_built_with(flags: tuple[str, ...]) -> ctypes.CDLL:
     """The kernels built with these flags only (another instruction set's path, for tests)."""
     cc = compiler()
     if cc is None:
-        raise OSError("no C compiler found (set CC, or install gcc or clang)")
+        raise OSError(NO_CC)
     return _declare(ctypes.CDLL(str(_build(cc, (flags,)))))
 
 
 def library_error() -> str | None:
     library()
-    return _state["error"]
+    return _state["lib_error"]
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -145,10 +156,7 @@ OPS_SOURCE = Path(__file__).with_name("quant_ops.cpp")
 
 
 def cxx_compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    return _on_path(os.environ.get("CXX"), "c++", "g++", "clang++")
 
 
 def operators() -> Path | None:
@@ -157,20 +165,9 @@ def operators() -> Path | None:
     why): the operators then keep their Python implementations. ``MINILLM_CPP_OPS=0`` keeps those.
     A build that failed is remembered beside where it would be (``.failed``), not retried by
     every process."""
-    if "ops" in _state:
-        return _state["ops"]
-    path, error = None, None
-    if os.environ.get("MINILLM_CPP_OPS", "1") == "0":
-        error = "turned off by MINILLM_CPP_OPS=0"
-    elif (cxx := cxx_compiler()) is None:
-        error = "no C++ compiler found (set CXX, or install g++ or clang++)"
-    else:
-        try:
-            path = _build_operators(cxx)
-        except OSError as e:  # a cache it cannot write, a build that failed (now or before)
-            error = f"the C++ operators did not build: {e}"
-    _state.update(ops=path, ops_error=error)
-    return path
+    missing = "no C++ compiler found (set CXX, or install g++ or clang++)"
+    failed = "the C++ operators did not build: "
+    return _built_once("ops", "MINILLM_CPP_OPS", cxx_compiler, missing, _build_operators, failed)
 
 
 def _build_operators(cxx: str) -> Path:
